@@ -1,0 +1,80 @@
+# pi2 — build everything into build/.
+#   make          build libraries, tools and tests
+#   make test     run the test suite (ends with "N passed, N failed")
+#   make asan     the test suite under AddressSanitizer + UBSan (in build-asan/)
+#   make demo     tell a story with the built-in stories260K model
+#   make deps     install the Debian packages the project needs (apt-get, root)
+
+BUILD    ?= build
+CC       ?= gcc
+OPT      ?= -O2
+CFLAGS   ?= $(OPT) -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -Ilib -MMD -MP
+LDFLAGS  += -pthread
+LDLIBS   += -lm
+
+DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev \
+                libopenblas-dev pkg-config
+
+LIB_SRC   := $(wildcard lib/*.c)
+TOOL_SRC  := $(wildcard tools/*.c)
+TEST_SRC  := $(wildcard tests/test_*.c)
+TESTLIB_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/%.o)
+TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
+TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+LIBPI2    := $(BUILD)/libpi2.a
+
+# SIMD kernels are compiled per file for their ISA and chosen at run time.
+$(BUILD)/lib/kernels_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
+$(BUILD)/lib/kernels_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+
+.PHONY: all test asan demo deps check-deps clean bench
+all: check-deps $(LIBPI2) $(TOOLS) $(TESTS)
+
+check-deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run 'make deps' as root)" >&2; \
+	  [ -n "$$PI2_IGNORE_DEPS" ] || exit 1; fi
+
+deps:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBPI2): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/%: $(BUILD)/tools/%.o $(LIBPI2)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(LIBPI2)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+test: all
+	@BUILD=$(BUILD) tests/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDFLAGS="-fsanitize=address,undefined" test
+
+demo: all
+	@scripts/demo.sh $(BUILD)
+
+bench: all
+	@echo "benchmarks: see bench/ (e.g. bench/ref-decode)"
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJ:.o=.d) $(TESTLIB_OBJ:.o=.d) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.d) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.d)

@@ -1,0 +1,26 @@
+/* The reference forward pass: one token at a time through all layers, with
+ * a KV cache, split over a pool of threads. The oracle for the whole stack. */
+#ifndef PI2_ENGINE_H
+#define PI2_ENGINE_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct engine engine;
+
+/* n_ctx <= 0: the model's training context. */
+engine *engine_new(const model *m, int n_threads, int n_ctx, char *err, size_t errlen);
+void engine_free(engine *e);
+int engine_n_ctx(const engine *e);
+
+/* Run token at position pos (0-based; positions must be fed in order) and
+ * return the logits [n_vocab], valid until the next call. */
+float *engine_forward(engine *e, int token, int pos);
+
+/* FFN firing statistics: while counts is non-NULL, counts[l * n_ff + i] is
+ * incremented whenever neuron i of layer l has a non-zero activation
+ * (act(gate) != 0 for ReLU models; |silu(gate)*up| > 0 is always true for SiLU). */
+void engine_count_firing(engine *e, uint32_t *counts);
+
+#endif

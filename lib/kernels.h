@@ -1,0 +1,48 @@
+/* Hot kernels: quantization, dequantization and dot products for the
+ * weight types pi2 supports. Each has a scalar reference; AVX2 and AVX-512
+ * versions are picked at run time (PI2_KERNELS=scalar|avx2|avx512 forces one).
+ *
+ * Activation handling follows llama.cpp: for Q4_0/Q8_0 weights the activation
+ * vector is first quantized to Q8_0 (quantize_q8_0), for F16 weights it is
+ * converted to F16; dot products then take weight row + converted activation. */
+#ifndef PI2_KERNELS_H
+#define PI2_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml_types.h"
+
+typedef struct {
+    const char *name; /* "scalar", "avx2", "avx512" */
+    /* n: any length */
+    float (*dot_f32)(const float *w, const float *x, int n);
+    float (*dot_f16)(const uint16_t *w, const uint16_t *x, int n);
+    /* n: a multiple of 32 */
+    float (*dot_q8_0)(const block_q8_0 *w, const block_q8_0 *x, int n);
+    float (*dot_q4_0)(const block_q4_0 *w, const block_q8_0 *x, int n);
+    /* activation conversion */
+    void (*quantize_q8_0)(const float *x, block_q8_0 *y, int n); /* n: multiple of 32 */
+    void (*f32_to_f16_row)(const float *x, uint16_t *y, int n);
+    /* y[i] += a * dequant(w)[i], for the down projection of sparse decode */
+    void (*axpy_f32)(float *y, float a, const float *w, int n);
+    /* y[r] = dot_q4_0(row r, x, n) for r < nrows, row r starting row_stride bytes
+     * after row r-1. Faster than nrows dot calls: the activation-side work
+     * (regrouping, offset correction, scales) is done once for all rows. */
+    void (*gemv_q4_0)(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
+} kernels;
+
+const kernels *kernels_best(void);        /* chosen once; honours PI2_KERNELS */
+const kernels *kernels_scalar(void);
+const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
+const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL */
+
+/* Reference (scalar) conversions; also used for writing weights. */
+void quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n);
+void quantize_row_q4_0_ref(const float *x, block_q4_0 *y, int64_t n);
+/* Dequantize n elements of a row of any supported type to float. */
+void dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* Quantize n floats to `type` (F32 copy, F16, Q8_0, Q4_0); n a multiple of the block size. */
+void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
+#endif

@@ -1,0 +1,15 @@
+/* Levelled logging to stderr: "pi2-ref[123] INFO  message". PI2_LOG=debug|info|warn|error. */
+#ifndef PI2_LOG_H
+#define PI2_LOG_H
+
+enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+void log_init(const char *progname);
+void log_msg(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
+#define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+#endif

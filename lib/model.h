@@ -1,0 +1,62 @@
+/* A llama-architecture model mapped from a GGUF file: hyperparameters from
+ * metadata, weights as typed views into the mapping (nothing is copied,
+ * except norm vectors, which are converted to F32). */
+#ifndef PI2_MODEL_H
+#define PI2_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+
+/* FFN activation. Metadata key "pi2.ffn_activation" = "silu" | "relu" | "relu2";
+ * PWRI files default to relu, arch "bamboo" to relu2, everything else to silu. */
+typedef enum {
+    FFN_SILU,      /* silu(gate) * up      (SwiGLU) */
+    FFN_RELU,      /* relu(gate) * up      (ReluLLaMA, ProSparse) */
+    FFN_RELU2,     /* relu(gate) * relu(up) (Bamboo) */
+} ffn_act;
+
+#define PI2_KEY_FFN_ACT "pi2.ffn_activation"
+
+const char *ffn_act_name(ffn_act a);
+
+/* A 2-D weight: `rows` rows of `cols` elements, each row `row_bytes` long. */
+typedef struct {
+    const void *data;
+    uint32_t type;
+    int64_t rows, cols;
+    size_t row_bytes;
+} weight;
+
+typedef struct {
+    float *attn_norm, *ffn_norm;             /* [n_embd], F32 copies */
+    weight wq, wk, wv, wo;
+    weight gate, up, down;                    /* gate/up: [n_ff rows][n_embd]; down: [n_embd rows][n_ff] */
+    weight down_t;                            /* PWRI: down transposed, [n_ff rows][n_embd]; data NULL if absent */
+    weight fc1, fc2;                          /* PWRI predictor; data NULL if absent */
+} layer_weights;
+
+typedef struct {
+    gguf_file gguf;
+    char arch[32];
+    int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    float rms_eps, rope_base;
+    ffn_act act;
+    bool tied_output;                         /* output == token_embd */
+    float sparse_threshold;                   /* powerinfer.sparse_threshold, if any */
+    weight tok_embd;                          /* [n_vocab rows][n_embd] */
+    float *output_norm;                       /* [n_embd] */
+    weight output;                            /* [n_vocab rows][n_embd] */
+    layer_weights *layers;
+} model;
+
+/* Map and validate a model. On error returns -1 with a message naming the
+ * file and the missing/ill-shaped tensor or key. */
+int model_load(model *m, const char *path, char *err, size_t errlen);
+void model_free(model *m);
+/* Total bytes of the weights read by one dense decode token. */
+uint64_t model_bytes_per_token(const model *m);
+
+#endif

@@ -1,0 +1,190 @@
+/* kernel-bench: weight bandwidth of the dot-product kernels, one thread.
+ * For each ISA and weight type it dots every row of a matrix with one
+ * activation vector and reports GB/s of weight bytes streamed, once for a
+ * matrix that fits in L2 (compute bound) and once for one far larger than
+ * the caches (memory bound). */
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "f16.h"
+#include "kernels.h"
+#include "log.h"
+
+typedef struct {
+    const char *name;
+    size_t row_bytes;       /* bytes of one weight row of n elements */
+} weight_kind;
+
+/* the last kind times gemv_q4_0 (all rows in one call) on Q4_0 weights */
+enum { KIND_F32, KIND_F16, KIND_Q8_0, KIND_Q4_0, KIND_Q4_0_GEMV, KIND_COUNT };
+
+static volatile float sink; /* keeps the dot products from being optimised away */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+static float rng_float(void) { return (float)(rng_next() >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
+
+/* random but valid weights: blocks get small scales, floats stay in [-1, 1) */
+static void fill_weights(int kind, uint8_t *dst, size_t bytes, size_t row_bytes, int n) {
+    for (size_t off = 0; off < bytes; off += row_bytes) {
+        uint8_t *row = dst + off;
+        switch (kind) {
+        case KIND_F32:
+            for (int i = 0; i < n; i++) ((float *)row)[i] = rng_float();
+            break;
+        case KIND_F16:
+            for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = f32_to_f16(rng_float());
+            break;
+        case KIND_Q8_0:
+        case KIND_Q4_0:
+        case KIND_Q4_0_GEMV: {
+            const size_t block_bytes = kind == KIND_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+            for (size_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)rng_next();
+            const uint16_t d = f32_to_f16(0.01f);
+            for (size_t b = 0; b < row_bytes / block_bytes; b++) memcpy(row + b * block_bytes, &d, sizeof d);
+            break;
+        }
+        }
+    }
+}
+
+static float *gemv_out; /* one float per row of the largest matrix */
+
+/* one pass: every row dotted with the activation converted for its type */
+static void dot_all_rows(const kernels *k, int kind, const uint8_t *w, size_t rows, size_t row_bytes,
+                         const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n) {
+    float acc = 0.0f;
+    if (kind == KIND_Q4_0_GEMV) {
+        k->gemv_q4_0((const block_q4_0 *)w, row_bytes, x8, gemv_out, (int)rows, n);
+        sink = gemv_out[rows - 1];
+        return;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        const void *row = w + r * row_bytes;
+        switch (kind) {
+        case KIND_F32: acc += k->dot_f32(row, x32, n); break;
+        case KIND_F16: acc += k->dot_f16(row, x16, n); break;
+        case KIND_Q8_0: acc += k->dot_q8_0(row, x8, n); break;
+        case KIND_Q4_0: acc += k->dot_q4_0(row, x8, n); break;
+        }
+    }
+    sink = acc;
+}
+
+/* GB/s of weight bytes, repeating passes for at least min_seconds */
+static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows, size_t row_bytes,
+                      const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n, double min_seconds) {
+    dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n); /* warm-up */
+    int passes = 0;
+    const double t0 = now_seconds();
+    double elapsed;
+    do {
+        dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n);
+        passes++;
+        elapsed = now_seconds() - t0;
+    } while (elapsed < min_seconds);
+    return (double)passes * (double)rows * (double)row_bytes / elapsed / 1e9;
+}
+
+static void usage(FILE *out, const char *prog) {
+    fprintf(out,
+            "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS]\n"
+            "  GB/s of weight bytes streamed by each dot kernel (one thread).\n"
+            "  -n COLS     row length, a multiple of 32 (default 4096)\n"
+            "  -c KIB      in-cache matrix size (default 512 KiB, fits in L2)\n"
+            "  -m MIB      out-of-cache matrix size (default 512 MiB, far above L3)\n"
+            "  -s SECONDS  minimum time per measurement (default 0.5)\n",
+            prog);
+}
+
+static long parse_positive(const char *s, const char *what) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v <= 0) {
+        log_error("%s must be a positive integer, got '%s'", what, s);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    int n = 4096;
+    long cache_kib = 512, big_mib = 512;
+    double min_seconds = 0.5;
+    int opt;
+    while ((opt = getopt(argc, argv, "n:c:m:s:h")) != -1) {
+        switch (opt) {
+        case 'n': n = (int)parse_positive(optarg, "-n"); break;
+        case 'c': cache_kib = parse_positive(optarg, "-c"); break;
+        case 'm': big_mib = parse_positive(optarg, "-m"); break;
+        case 's': min_seconds = atof(optarg); break;
+        case 'h': usage(stdout, argv[0]); return 0;
+        default: usage(stderr, argv[0]); return 2;
+        }
+    }
+    if (n % QK8_0 != 0 || n > (1 << 24)) {
+        log_error("-n %d: must be a multiple of %d and at most 2^24", n, QK8_0);
+        return 2;
+    }
+    const weight_kind kinds[KIND_COUNT] = {
+        {"f32", (size_t)n * 4},
+        {"f16", (size_t)n * 2},
+        {"q8_0", (size_t)n / QK8_0 * sizeof(block_q8_0)},
+        {"q4_0", (size_t)n / QK4_0 * sizeof(block_q4_0)},
+        {"q4_0 gemv", (size_t)n / QK4_0 * sizeof(block_q4_0)},
+    };
+    const kernels *isas[3] = {kernels_scalar(), kernels_avx2(), kernels_avx512()};
+
+    float *x32 = malloc((size_t)n * sizeof *x32);
+    uint16_t *x16 = malloc((size_t)n * sizeof *x16);
+    block_q8_0 *x8 = malloc((size_t)n / QK8_0 * sizeof *x8);
+    const size_t big_bytes = (size_t)big_mib << 20;
+    uint8_t *w = malloc(big_bytes + kinds[KIND_F32].row_bytes);
+    gemv_out = malloc(big_bytes / kinds[KIND_Q4_0].row_bytes * sizeof *gemv_out + sizeof *gemv_out);
+    if (!x32 || !x16 || !x8 || !w || !gemv_out) {
+        log_error("out of memory for a %ld MiB matrix", big_mib);
+        return 1;
+    }
+    for (int i = 0; i < n; i++) x32[i] = rng_float();
+    quantize_row(GGML_TYPE_F16, x32, x16, n);
+    quantize_row(GGML_TYPE_Q8_0, x32, x8, n);
+
+    printf("row length %d, in-cache matrix %ld KiB, out-of-cache matrix %ld MiB, 1 thread\n", n, cache_kib, big_mib);
+    printf("%-9s %-7s %12s %14s\n", "type", "isa", "cache GB/s", "memory GB/s");
+    for (int kind = 0; kind < KIND_COUNT; kind++) {
+        const size_t row_bytes = kinds[kind].row_bytes;
+        size_t small_rows = ((size_t)cache_kib << 10) / row_bytes, big_rows = big_bytes / row_bytes;
+        if (small_rows == 0) small_rows = 1;
+        if (big_rows == 0) big_rows = 1;
+        fill_weights(kind, w, big_rows * row_bytes, row_bytes, n);
+        for (int i = 0; i < 3; i++) {
+            if (!isas[i]) continue;
+            const double in_cache = measure(isas[i], kind, w, small_rows, row_bytes, x32, x16, x8, n, min_seconds);
+            const double in_memory = measure(isas[i], kind, w, big_rows, row_bytes, x32, x16, x8, n, min_seconds);
+            printf("%-9s %-7s %12.2f %14.2f\n", kinds[kind].name, isas[i]->name, in_cache, in_memory);
+            fflush(stdout);
+        }
+    }
+    free(gemv_out);
+    free(w);
+    free(x8);
+    free(x16);
+    free(x32);
+    return 0;
+}

@@ -1,0 +1,166 @@
+/* pi2-ref: the single-process reference engine. Streams generated text to
+ * stdout; timings to stderr. Every later part of pi2 is checked against it. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "log.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct {
+    const char *model_path, *prompt;
+    int n_predict, n_threads, n_ctx, top_k;
+    float temp, top_p;
+    uint64_t seed;
+    int ignore_eos;
+} options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: pi2-ref -m MODEL.gguf [-p PROMPT] [-n N] [-t THREADS] [options]\n"
+            "  -m, --model FILE     GGUF model (llama or bamboo architecture; GGUF or PWRI magic)\n"
+            "  -p, --prompt TEXT    prompt (default: empty, generation starts from BOS)\n"
+            "  -n, --n-predict N    tokens to generate (default 64)\n"
+            "  -t, --threads N      threads (default 2)\n"
+            "  -c, --ctx-size N     context length (default: the model's)\n"
+            "      --temp T         temperature; 0 = greedy (default 0.8)\n"
+            "      --top-k K        keep the K most likely tokens; 0 = all (default 40)\n"
+            "      --top-p P        nucleus sampling threshold (default 0.95)\n"
+            "  -s, --seed N         sampling seed (default: from the clock)\n"
+            "      --ignore-eos     keep generating after end-of-sequence\n"
+            "  -h, --help           this help\n"
+            "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512\n");
+}
+
+static int parse_int(const char *s, const char *flag, long lo, long hi, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == 0 || *end || v < lo || v > hi) {
+        log_error("%s: '%s' is not an integer in [%ld, %ld]", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, const char *flag, float *out) {
+    char *end;
+    float v = strtof(s, &end);
+    if (*s == 0 || *end || v != v) {
+        log_error("%s: '%s' is not a number", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"ctx-size", required_argument, 0, 'c'}, {"seed", required_argument, 0, 's'},
+        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
+                   .seed = (uint64_t)time(NULL)};
+    long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:c:s:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model_path = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': if (parse_int(optarg, "-n", 0, 1 << 24, &v)) return -1; o->n_predict = (int)v; break;
+        case 't': if (parse_int(optarg, "-t", 1, 256, &v)) return -1; o->n_threads = (int)v; break;
+        case 'c': if (parse_int(optarg, "-c", 1, 1 << 22, &v)) return -1; o->n_ctx = (int)v; break;
+        case 's': if (parse_int(optarg, "--seed", 0, __LONG_MAX__, &v)) return -1; o->seed = (uint64_t)v; break;
+        case OPT_TEMP: if (parse_float(optarg, "--temp", &o->temp)) return -1; break;
+        case OPT_TOPK: if (parse_int(optarg, "--top-k", 0, 1 << 24, &v)) return -1; o->top_k = (int)v; break;
+        case OPT_TOPP: if (parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
+        case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (!o->model_path) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void emit(const tokenizer *tok, int token) {
+    char piece[256];
+    size_t n = tokenizer_piece(tok, token, piece, sizeof piece);
+    fwrite(piece, 1, n, stdout);
+    fflush(stdout);
+}
+
+static int generate(const options *o, const model *m, const tokenizer *tok, engine *e) {
+    int n_ctx = engine_n_ctx(e);
+    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    if (!tokens) { log_error("out of memory"); return -1; }
+    int n_prompt = tokenizer_encode(tok, o->prompt, tokenizer_adds_bos(tok), tokens, n_ctx);
+    if (n_prompt < 0) {
+        log_error("the prompt needs more than the context's %d tokens", n_ctx);
+        free(tokens);
+        return -1;
+    }
+    fputs(o->prompt, stdout);
+    sampler smp;
+    sampler_init(&smp, o->temp, o->top_k, o->top_p, o->seed);
+    double t0 = now_s(), t_prompt = 0;
+    float *logits = NULL;
+    for (int i = 0; i < n_prompt; i++) logits = engine_forward(e, tokens[i], i);
+    t_prompt = now_s() - t0;
+    int n_gen = 0, pos = n_prompt;
+    double t1 = now_s();
+    while (n_gen < o->n_predict) {
+        int next = sampler_sample(&smp, logits, m->n_vocab);
+        if (next == tokenizer_eos(tok) && !o->ignore_eos) break;
+        emit(tok, next);
+        n_gen++;
+        if (pos >= n_ctx) { log_warn("context of %d tokens is full", n_ctx); break; }
+        logits = engine_forward(e, next, pos++);
+    }
+    double t_gen = now_s() - t1;
+    fputc('\n', stdout);
+    double gen_rate = n_gen / (t_gen > 0 ? t_gen : 1e-9), bytes = (double)model_bytes_per_token(m);
+    log_info("prompt: %d tokens in %.3f s (%.2f tok/s); generated: %d tokens in %.3f s (%.2f tok/s)", n_prompt,
+             t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen, t_gen, gen_rate);
+    log_info("decode streams %.1f MB of weights per token: %.2f GB/s", bytes / 1e6, gen_rate * bytes / 1e9);
+    sampler_free(&smp);
+    free(tokens);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    options o;
+    if (parse_args(argc, argv, &o)) return 2;
+    char err[512];
+    model m;
+    if (model_load(&m, o.model_path, err, sizeof err)) { log_error("%s", err); return 1; }
+    tokenizer *tok = tokenizer_from_gguf(&m.gguf, err, sizeof err);
+    if (!tok) { log_error("%s: %s", o.model_path, err); model_free(&m); return 1; }
+    if (tokenizer_n_vocab(tok) != m.n_vocab) log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(tok), m.n_vocab);
+    engine *e = engine_new(&m, o.n_threads, o.n_ctx, err, sizeof err);
+    if (!e) { log_error("%s", err); tokenizer_free(tok); model_free(&m); return 1; }
+    log_info("%s: %s, %d layers, dim %d, ffn %d (%s), vocab %d, ctx %d, %d threads", o.model_path, m.arch, m.n_layer,
+             m.n_embd, m.n_ff, ffn_act_name(m.act), m.n_vocab, engine_n_ctx(e), o.n_threads);
+    int rc = generate(&o, &m, tok, e) ? 1 : 0;
+    engine_free(e);
+    tokenizer_free(tok);
+    model_free(&m);
+    return rc;
+}
