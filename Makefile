@@ -9,8 +9,8 @@ BUILD    ?= build
 CC       ?= gcc
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -Ilib -MMD -MP
-LDFLAGS  += -pthread
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -Ilib -MMD -MP $(SAN)
+LDFLAGS  += -pthread $(SAN)
 LDLIBS   += -lm
 
 DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev \
@@ -32,6 +32,7 @@ $(BUILD)/lib/kernels_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 $(BUILD)/lib/kernels_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
 .PHONY: all test asan demo deps check-deps clean bench
+.SECONDARY:
 all: check-deps $(LIBPI2) $(TOOLS) $(TESTS)
 
 check-deps:
@@ -64,9 +65,8 @@ test: all
 	@BUILD=$(BUILD) tests/run.sh
 
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDFLAGS="-fsanitize=address,undefined" test
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
 demo: all
 	@scripts/demo.sh $(BUILD)

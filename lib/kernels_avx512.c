@@ -187,22 +187,33 @@ static __m512 q4_scales_x4(const block_q4_0 *w) {
     return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
 }
 
+/* isum of 4 weight blocks against the prepared activation, as float lanes scaled by d_w*d_x */
+static __m512 q4_quad(const block_q4_0 *wb, const q4_gemv_chunk *c, int k) {
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+#ifdef Q4_MASKED_BCAST
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)wb[0].qs));
+    v = _mm512_mask_broadcast_i32x4(v, 0x00f0, _mm_loadu_si128((const __m128i *)wb[1].qs));
+    v = _mm512_mask_broadcast_i32x4(v, 0x0f00, _mm_loadu_si128((const __m128i *)wb[2].qs));
+    v = _mm512_mask_broadcast_i32x4(v, 0xf000, _mm_loadu_si128((const __m128i *)wb[3].qs));
+#else
+    const __m256i v01 = _mm256_loadu2_m128i((const __m128i *)wb[1].qs, (const __m128i *)wb[0].qs);
+    const __m256i v23 = _mm256_loadu2_m128i((const __m128i *)wb[3].qs, (const __m128i *)wb[2].qs);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);
+#endif
+    __m512i isum = _mm512_dpbusd_epi32(c->neg_corr[k], _mm512_and_si512(v, nibble), c->x_lo[k]);
+    isum = _mm512_dpbusd_epi32(isum, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), c->x_hi[k]);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(q4_scales_x4(wb), c->dx[k]));
+}
+
 /* sum over the quads of one row chunk, as 16 float lanes */
 static __m512 q4_row_quads(const block_q4_0 *w, const q4_gemv_chunk *c, int nquads) {
-    const __m512i nibble = _mm512_set1_epi8(0x0f);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    for (int k = 0; k < nquads; k++) {
-        const block_q4_0 *wb = w + 4 * k;
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)wb[0].qs));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)wb[1].qs), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)wb[2].qs), 2);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)wb[3].qs), 3);
-        __m512i isum = _mm512_dpbusd_epi32(c->neg_corr[k], _mm512_and_si512(v, nibble), c->x_lo[k]);
-        isum = _mm512_dpbusd_epi32(isum, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), c->x_hi[k]);
-        const __m512 scale = _mm512_mul_ps(q4_scales_x4(wb), c->dx[k]);
-        if (k & 1) acc1 = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc1);
-        else acc0 = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc0);
+    int k = 0;
+    for (; k + 2 <= nquads; k += 2) {
+        acc0 = _mm512_add_ps(acc0, q4_quad(w + 4 * k, c, k));
+        acc1 = _mm512_add_ps(acc1, q4_quad(w + 4 * k + 4, c, k + 1));
     }
+    if (k < nquads) acc0 = _mm512_add_ps(acc0, q4_quad(w + 4 * k, c, k));
     return _mm512_add_ps(acc0, acc1);
 }
 

@@ -86,19 +86,21 @@ static void dot_all_rows(const kernels *k, int kind, const uint8_t *w, size_t ro
     sink = acc;
 }
 
-/* GB/s of weight bytes, repeating passes for at least min_seconds */
+/* GB/s of weight bytes in the fastest of the passes run during min_seconds
+ * (at least 3): the fastest pass is the one least disturbed by other work on
+ * the machine */
 static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows, size_t row_bytes,
                       const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n, double min_seconds) {
     dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n); /* warm-up */
-    int passes = 0;
-    const double t0 = now_seconds();
-    double elapsed;
-    do {
+    double best = 1e30;
+    const double start = now_seconds();
+    for (int pass = 0; pass < 3 || now_seconds() - start < min_seconds; pass++) {
+        const double t0 = now_seconds();
         dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n);
-        passes++;
-        elapsed = now_seconds() - t0;
-    } while (elapsed < min_seconds);
-    return (double)passes * (double)rows * (double)row_bytes / elapsed / 1e9;
+        const double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    return (double)rows * (double)row_bytes / best / 1e9;
 }
 
 static void usage(FILE *out, const char *prog) {
