@@ -11,17 +11,20 @@ OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -Ilib -MMD -MP $(SAN)
 LDFLAGS  += -pthread $(SAN)
-LDLIBS   += -lm
+LDLIBS   += -lzmq -lprotobuf-c -luring -lm
+CFLAGS   += -I$(BUILD)/proto
 
 DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev \
                 libopenblas-dev pkg-config
 
+PROTO_SRC := $(wildcard proto/*.proto)
+PROTO_C   := $(PROTO_SRC:proto/%.proto=$(BUILD)/proto/%.pb-c.c)
 LIB_SRC   := $(wildcard lib/*.c)
 TOOL_SRC  := $(wildcard tools/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TESTLIB_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
 
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(PROTO_C:%.c=%.o)
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/%.o)
 TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -48,6 +51,16 @@ deps:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# protobuf-c sources are generated into the build tree; every object may include them.
+$(BUILD)/proto/%.pb-c.c $(BUILD)/proto/%.pb-c.h: proto/%.proto
+	@mkdir -p $(dir $@)
+	protoc-c --proto_path=proto --c_out=$(BUILD)/proto $<
+
+$(BUILD)/proto/%.pb-c.o: $(BUILD)/proto/%.pb-c.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB_OBJ) $(TESTLIB_OBJ) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.o) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.o): | $(PROTO_C)
 
 $(LIBPI2): $(LIB_OBJ)
 	@rm -f $@
