@@ -300,8 +300,11 @@ static double neuron_coeffs(const synth_model *m, int l, int64_t i, synth_rng *r
     double drift = (2 * l + 1) * RESID_SCALE * RESID_SCALE;
     double iso = m->sn2 + (m->p.gate_quant_err + drift) * m->X / m->d;
     double S0 = ww + m->sg2 * m->r + iso * (ww + m->sg2 * m->d);
-    double q = synth_normal_quantile(m->p_fire[(size_t)l * m->ff + i]);
-    return q * sqrt(S0 / (m->a * m->a - q * q * iso));
+    /* p below 1e-7 never fires in practice; the floor keeps q finite */
+    double q = synth_normal_quantile(fmax(m->p_fire[(size_t)l * m->ff + i], 1e-7));
+    /* with more noise than signal the target is unreachable: saturate instead of dividing by <= 0 */
+    double denom = fmax(m->a * m->a - q * q * iso, 0.1 * m->a * m->a);
+    return q * sqrt(S0 / denom);
 }
 
 static void relu_gate_row(const synth_model *m, int l, int64_t i, float *out) {

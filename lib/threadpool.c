@@ -2,12 +2,15 @@
 
 #include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* Spin this many pause iterations before sleeping on the condition variable. */
-#define SPIN_ITERS 200000
+/* Spin this many pause iterations (tens of microseconds) before sleeping or
+ * yielding: long enough to bridge the serial work between two jobs of a
+ * decode step, short enough not to steal a shared core from other processes. */
+#define SPIN_ITERS 4000
 
 struct threadpool {
     int n;
@@ -86,7 +89,10 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx) {
     atomic_store(&p->pending, p->n - 1);
     publish(p);
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) _mm_pause();
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if (i < SPIN_ITERS) _mm_pause();
+        else sched_yield(); /* a worker was descheduled: give it the core */
+    }
 }
 
 int pool_size(const threadpool *p) { return p->n; }

@@ -430,8 +430,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.sp.relu)
-        log_info("planting: fire %.3f, hottest %.2f take %.3f (log-normal sigma %.3f), token subspace rank %d",
-                 o.sp.fire, o.sp.hot_frac, synth_expected_hot_share(sm), synth_lognormal_sigma(sm), synth_rank(sm));
+        log_info("planting: fire %.3f, hottest %.2f take %.3f (log-normal sigma %.3f), token subspace rank %d, "
+                 "gate quantization error %.2g",
+                 o.sp.fire, o.sp.hot_frac, synth_expected_hot_share(sm), synth_lognormal_sigma(sm), synth_rank(sm),
+                 o.sp.gate_quant_err);
     int rc = write_model(&o, sm, &v);
     synth_vocab_free(&v);
     if (rc == 0 && o.measure > 0) {
