@@ -1,25 +1,15 @@
-/* Reference forward pass of the llama architecture, one token at a time.
- * It follows llama.cpp's arithmetic where that matters for agreement:
- * RMSNorm sums in double, RoPE angles by repeated multiplication, an F16
- * KV cache (V stored transposed), activations converted to Q8_0/F16 before
- * quantized/half dot products. */
+/* Reference forward pass of the llama architecture, one token at a time,
+ * split over a thread pool. The arithmetic lives in ops.c (shared with the
+ * stack's workers); this file owns the buffers and the order of the steps. */
 #include "engine.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "f16.h"
 #include "kernels.h"
+#include "ops.h"
 #include "threadpool.h"
-
-/* An activation vector converted for every weight type that may read it. */
-typedef struct {
-    const float *f32;
-    uint16_t *f16;
-    block_q8_0 *q8;
-} act_vec;
 
 struct engine {
     const model *m;
@@ -93,55 +83,9 @@ void engine_free(engine *e) {
 int engine_n_ctx(const engine *e) { return e->n_ctx; }
 void engine_count_firing(engine *e, uint32_t *counts) { e->fire_counts = counts; }
 
-/* ---- building blocks ---- */
-
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
-
-static void rope(float *v, int n_heads, int head_dim, int pos, float base) {
-    float theta_scale = powf(base, -2.0f / (float)head_dim);
-    for (int h = 0; h < n_heads; h++) {
-        float *p = v + (size_t)h * head_dim;
-        float theta = (float)pos;
-        for (int i = 0; i < head_dim; i += 2) {
-            float c = cosf(theta), s = sinf(theta), a = p[i], b = p[i + 1];
-            p[i] = a * c - b * s;
-            p[i + 1] = a * s + b * c;
-            theta *= theta_scale;
-        }
-    }
-}
-
-/* Convert x[0..n) for the weight types that will read it (done once, before a parallel job). */
-static void convert_input(engine *e, const float *x, int n, bool need_f16, bool need_q8) {
-    e->in.f32 = x;
-    if (need_f16) e->k->f32_to_f16_row(x, e->in.f16, n);
-    if (need_q8) e->k->quantize_q8_0(x, e->in.q8, n);
-}
-
-static void convert_for(engine *e, const float *x, int n, const weight *const *ws, int nw) {
-    bool f16 = false, q8 = false;
-    for (int i = 0; i < nw; i++) {
-        f16 |= ws[i]->type == GGML_TYPE_F16;
-        q8 |= ws[i]->type == GGML_TYPE_Q4_0 || ws[i]->type == GGML_TYPE_Q8_0;
-    }
-    convert_input(e, x, n, f16, q8);
-}
-
-static float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in) {
-    const void *row = (const char *)w->data + (size_t)r * w->row_bytes;
-    int n = (int)w->cols;
-    switch (w->type) {
-    case GGML_TYPE_F32: return k->dot_f32(row, in->f32, n);
-    case GGML_TYPE_F16: return k->dot_f16(row, in->f16, n);
-    case GGML_TYPE_Q8_0: return k->dot_q8_0(row, in->q8, n);
-    case GGML_TYPE_Q4_0: return k->dot_q4_0(row, in->q8, n);
-    }
-    abort(); /* model_load admits only the four types */
+static kv_layer layer_cache(const engine *e, int l) {
+    size_t off = (size_t)l * (size_t)e->n_ctx * (size_t)e->kv_dim;
+    return (kv_layer){e->k_cache + off, e->v_cache + off, e->n_ctx, e->kv_dim};
 }
 
 /* ---- parallel jobs ---- */
@@ -164,7 +108,7 @@ static void matvec_worker(void *ctx, int ith, int nth) {
     for (int i = 0; i < j->n; i++) {
         long rows = j->w[i]->rows;
         long lo = begin > base ? begin - base : 0, hi = end - base < rows ? end - base : rows;
-        for (long r = lo; r < hi; r++) j->out[i][r] = row_dot(j->e->k, j->w[i], r, &j->e->in);
+        if (lo < hi) matvec_rows(j->e->k, j->w[i], &j->e->in, j->out[i], lo, hi);
         base += rows;
     }
 }
@@ -172,7 +116,7 @@ static void matvec_worker(void *ctx, int ith, int nth) {
 static void matvec(engine *e, const float *x, int n, int count, const weight *w0, float *o0,
                    const weight *w1, float *o1, const weight *w2, float *o2) {
     matvec_job j = {e, count, {w0, w1, w2}, {o0, o1, o2}};
-    convert_for(e, x, n, j.w, count);
+    act_convert_for(e->k, &e->in, x, n, j.w, count);
     pool_run(e->pool, matvec_worker, &j);
 }
 
@@ -184,59 +128,20 @@ typedef struct {
 static void attention_worker(void *ctx, int ith, int nth) {
     layer_job *j = ctx;
     engine *e = j->e;
-    const model *m = e->m;
-    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = j->pos + 1;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t layer_off = (size_t)j->layer * (size_t)e->n_ctx * (size_t)e->kv_dim;
+    kv_layer kv = layer_cache(e, j->layer);
     long h0, h1;
-    pool_split(m->n_head, ith, nth, &h0, &h1);
-    for (long h = h0; h < h1; h++) {
-        int kvh = (int)h / group;
-        float *sc = e->scores + (size_t)h * e->n_ctx;
-        uint16_t *p16 = e->probs16 + (size_t)h * e->n_ctx;
-        const uint16_t *qh = e->q16 + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (int t = 0; t < T; t++) {
-            const uint16_t *kt = e->k_cache + layer_off + (size_t)t * e->kv_dim + (size_t)kvh * hd;
-            sc[t] = e->k->dot_f16(kt, qh, hd) * scale;
-            if (sc[t] > mx) mx = sc[t];
-        }
-        double sum = 0;
-        for (int t = 0; t < T; t++) {
-            sc[t] = expf(sc[t] - mx);
-            sum += sc[t];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int t = 0; t < T; t++) sc[t] *= inv;
-        e->k->f32_to_f16_row(sc, p16, T);
-        for (int d = 0; d < hd; d++) {
-            const uint16_t *vrow = e->v_cache + layer_off + ((size_t)kvh * hd + d) * e->n_ctx;
-            e->att_out[h * hd + d] = e->k->dot_f16(vrow, p16, T);
-        }
-    }
+    pool_split(e->m->n_head, ith, nth, &h0, &h1);
+    attention_heads(e->k, e->m, &kv, e->q16, j->pos, e->scores, e->probs16, e->att_out, h0, h1);
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* gate and up rows of a share of the neurons, fused with the activation */
 static void ffn_up_worker(void *ctx, int ith, int nth) {
     layer_job *j = ctx;
     engine *e = j->e;
     const model *m = e->m;
-    const layer_weights *w = &m->layers[j->layer];
     uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->layer * m->n_ff : NULL;
     long i0, i1;
     pool_split(m->n_ff, ith, nth, &i0, &i1);
-    for (long i = i0; i < i1; i++) {
-        float g = row_dot(e->k, &w->gate, i, &e->in), u = row_dot(e->k, &w->up, i, &e->in), h;
-        switch (m->act) {
-        case FFN_SILU: h = silu(g) * u; break;
-        case FFN_RELU: h = g > 0 ? g * u : 0.0f; break;
-        default: h = g > 0 && u > 0 ? g * u : 0.0f; break;
-        }
-        e->hb[i] = h;
-        if (counts && h != 0.0f) counts[i]++;
-    }
+    ffn_act_rows(e->k, m, &m->layers[j->layer], &e->in, e->hb, i0, i1, counts);
 }
 
 #define DOWN_T_CHUNK 1024 /* a multiple of every block size */
@@ -274,14 +179,6 @@ static void reduce_down_partials(engine *e, float *out) {
 
 /* ---- the forward pass ---- */
 
-static void store_kv(engine *e, int layer, int pos) {
-    size_t layer_off = (size_t)layer * (size_t)e->n_ctx * (size_t)e->kv_dim;
-    uint16_t *krow = e->k_cache + layer_off + (size_t)pos * e->kv_dim;
-    e->k->f32_to_f16_row(e->kv_k, krow, e->kv_dim);
-    for (int d = 0; d < e->kv_dim; d++)
-        e->v_cache[layer_off + (size_t)d * e->n_ctx + pos] = f32_to_f16(e->kv_v[d]);
-}
-
 static void attention_block(engine *e, int l, int pos) {
     const model *m = e->m;
     const layer_weights *w = &m->layers[l];
@@ -289,7 +186,8 @@ static void attention_block(engine *e, int l, int pos) {
     matvec(e, e->xb, m->n_embd, 3, &w->wq, e->q, &w->wk, e->kv_k, &w->wv, e->kv_v);
     rope(e->q, m->n_head, m->head_dim, pos, m->rope_base);
     rope(e->kv_k, m->n_head_kv, m->head_dim, pos, m->rope_base);
-    store_kv(e, l, pos);
+    kv_layer kv = layer_cache(e, l);
+    kv_store(e->k, &kv, pos, e->kv_k, e->kv_v);
     e->k->f32_to_f16_row(e->q, e->q16, m->n_embd);
     layer_job j = {e, l, pos};
     pool_run(e->pool, attention_worker, &j);
@@ -302,7 +200,7 @@ static void ffn_block(engine *e, int l, int pos) {
     const layer_weights *w = &m->layers[l];
     rmsnorm(e->xb, e->x, w->ffn_norm, m->n_embd, m->rms_eps);
     const weight *gu[2] = {&w->gate, &w->up};
-    convert_for(e, e->xb, m->n_embd, gu, 2);
+    act_convert_for(e->k, &e->in, e->xb, m->n_embd, gu, 2);
     layer_job j = {e, l, pos};
     pool_run(e->pool, ffn_up_worker, &j);
     if (w->down.data) {
