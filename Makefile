@@ -14,13 +14,18 @@ LDFLAGS  += -pthread $(SAN)
 LDLIBS   += -lzmq -lprotobuf-c -luring -lm
 CFLAGS   += -I$(BUILD)/proto
 
-DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev \
-                libopenblas-dev pkg-config
+DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev pkg-config \
+                linux-perf util-linux procps
 
 PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_C   := $(PROTO_SRC:proto/%.proto=$(BUILD)/proto/%.pb-c.c)
 LIB_SRC   := $(wildcard lib/*.c)
 TOOL_SRC  := $(wildcard tools/*.c)
+# each process folder's *.c files make one program: build/bin/<folder>
+PROC_DIRS := coordinator npu-worker cpu-worker io-worker cachemgr planner
+PROC_SRC  := $(foreach d,$(PROC_DIRS),$(wildcard $(d)/*.c))
+PROCS     := $(foreach d,$(PROC_DIRS),$(if $(wildcard $(d)/*.c),$(BUILD)/bin/$(d)))
+SCRIPTS   := $(patsubst scripts/%.sh,$(BUILD)/bin/%,$(wildcard scripts/pi2.sh))
 TEST_SRC  := $(wildcard tests/test_*.c)
 TESTLIB_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
 
@@ -36,7 +41,7 @@ $(BUILD)/lib/kernels_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx51
 
 .PHONY: all test asan demo deps check-deps clean bench
 .SECONDARY:
-all: check-deps $(LIBPI2) $(TOOLS) $(TESTS)
+all: check-deps $(LIBPI2) $(TOOLS) $(PROCS) $(SCRIPTS) $(TESTS)
 
 check-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -60,7 +65,8 @@ $(BUILD)/proto/%.pb-c.c $(BUILD)/proto/%.pb-c.h: proto/%.proto
 $(BUILD)/proto/%.pb-c.o: $(BUILD)/proto/%.pb-c.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB_OBJ) $(TESTLIB_OBJ) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.o) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.o): | $(PROTO_C)
+$(LIB_OBJ) $(TESTLIB_OBJ) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.o) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.o) \
+  $(PROC_SRC:%.c=$(BUILD)/%.o): | $(PROTO_C)
 
 $(LIBPI2): $(LIB_OBJ)
 	@rm -f $@
@@ -69,6 +75,18 @@ $(LIBPI2): $(LIB_OBJ)
 $(BUILD)/bin/%: $(BUILD)/tools/%.o $(LIBPI2)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+define PROC_RULE
+$(BUILD)/bin/$(1): $(patsubst %.c,$(BUILD)/%.o,$(wildcard $(1)/*.c)) $(LIBPI2)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(LDFLAGS) $$^ $$(LDLIBS) -o $$@
+endef
+$(foreach d,$(PROC_DIRS),$(if $(wildcard $(d)/*.c),$(eval $(call PROC_RULE,$(d)))))
+
+# the supervisor script, on the PATH of the build
+$(BUILD)/bin/%: scripts/%.sh
+	@mkdir -p $(dir $@)
+	cp $< $@ && chmod +x $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(LIBPI2)
 	@mkdir -p $(dir $@)
@@ -90,4 +108,4 @@ bench: all
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(TESTLIB_OBJ:.o=.d) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.d) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.d)
+-include $(PROC_SRC:%.c=$(BUILD)/%.d) $(LIB_OBJ:.o=.d) $(TESTLIB_OBJ:.o=.d) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.d) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.d)
