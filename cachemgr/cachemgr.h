@@ -1,0 +1,46 @@
+/* cachemgr: owner of the run's shared-memory segments (weights, kv, act,
+ * ctl). It creates them, or re-attaches them after a restart, and loads the
+ * weights through the io-worker. See docs/stack.md. */
+#ifndef PI2_CACHEMGR_H
+#define PI2_CACHEMGR_H
+
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "shm.h"
+#include "stack.h"
+
+enum { SEG_WEIGHTS, SEG_KV, SEG_ACT, SEG_CTL, SEG_COUNT };
+
+typedef struct {
+    const char *runid;
+    char model_path[PATH_MAX]; /* absolute: the control block compares it */
+    model m;
+    stack_params params;       /* asked for on the command line; a kept control block's win */
+    int io_timeout_ms;         /* re-send a read batch not answered within this */
+
+    shm_segment *seg[SEG_COUNT];
+    uint8_t *weights;          /* the weights segment's "data" region */
+    uint64_t weights_bytes;
+    stack_ctl *ctl;
+    proc_row *row;
+} cachemgr;
+
+extern volatile sig_atomic_t cachemgr_stop;
+
+/* Creates the four segments (prefaulted), or keeps existing ones whose control
+ * block matches the model. 0, or -1 with the reason logged. */
+int cm_open_segments(cachemgr *c);
+void cm_close_segments(cachemgr *c);
+
+/* Beats our control-block row with state st. */
+void cm_beat(cachemgr *c, enum proc_state st);
+
+/* Reads the model file from weights_file_offset on into the weights region
+ * through the io-worker, then sets ctl->weights_ready. 0 when loaded, 1 when
+ * stopped by a signal, -1 on an error (logged). */
+int cm_load_weights(cachemgr *c);
+
+#endif

@@ -1,0 +1,254 @@
+/* Loading the weights segment through the io-worker: the file range
+ * [weights_file_offset, end) as reads of at most 4 MiB, grouped in batches,
+ * several batches in flight. A batch not answered in time is sent again (the
+ * io-worker may have been restarted); reads are idempotent, so a late or
+ * duplicate answer does no harm. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bus.h"
+#include "cachemgr.h"
+#include "log.h"
+#include "msg.h"
+#include "rundir.h"
+
+#define READ_BYTES (4u << 20)  /* one read; a multiple of 4096, so O_DIRECT stays aligned */
+#define READS_PER_BATCH 8u
+#define BATCHES_IN_FLIGHT 4
+#define MAX_ATTEMPTS 4         /* a batch whose reads keep failing ends the load */
+
+enum batch_state { BATCH_PENDING, BATCH_SENT, BATCH_DONE };
+
+typedef struct {
+    uint64_t id;
+    size_t first, n;           /* reads [first, first + n) */
+    enum batch_state state;
+    int64_t sent_ms;
+    int attempts;              /* answers with failed reads */
+} batch;
+
+typedef struct {
+    cachemgr *c;
+    bus_socket *sock;
+    Pi2__IoRead *reads;        /* every read of the load */
+    batch *batches;
+    size_t n_reads, n_batches, n_done, in_flight;
+    uint64_t seq;
+    msg_limits lim;
+} loader;
+
+static bus_socket *connect_io(const char *runid, bus_ctx *ctx) {
+    char dir[RUNDIR_PATH_MAX], endpoint[BUS_ENDPOINT_MAX];
+    if (rundir_path(dir, sizeof dir, runid) || rundir_create(dir)) {
+        log_error("run directory of '%s': %s", runid, rundir_last_error());
+        return NULL;
+    }
+    if (bus_endpoint_ipc(endpoint, sizeof endpoint, dir, "io", -1)) {
+        log_error("endpoint: %s", bus_last_error());
+        return NULL;
+    }
+    struct bus_opts opts = bus_default_opts();
+    opts.max_frame = MSG_MAX_FRAME;
+    bus_socket *s = bus_connect(ctx, BUS_DEALER, endpoint, "cachemgr", &opts);
+    if (!s) log_error("connect %s: %s", endpoint, bus_last_error());
+    return s;
+}
+
+/* Splits the file range into reads and the reads into batches. */
+static int plan_reads(loader *L) {
+    const model *m = &L->c->m;
+    uint64_t start = weights_file_offset(m), end = m->gguf.size;
+    L->n_reads = (size_t)((end - start + READ_BYTES - 1) / READ_BYTES);
+    L->n_batches = (L->n_reads + READS_PER_BATCH - 1) / READS_PER_BATCH;
+    L->reads = calloc(L->n_reads, sizeof *L->reads);
+    L->batches = calloc(L->n_batches, sizeof *L->batches);
+    if (!L->reads || !L->batches) return -1;
+    for (size_t i = 0; i < L->n_reads; i++) {
+        uint64_t off = start + (uint64_t)i * READ_BYTES;
+        pi2__io_read__init(&L->reads[i]);
+        L->reads[i].file_offset = off;
+        L->reads[i].length = (uint32_t)(end - off < READ_BYTES ? end - off : READ_BYTES);
+        L->reads[i].slot_offset = off - start;
+    }
+    /* Ids carry our pid: answers meant for a previous cachemgr of the run are told apart. */
+    uint64_t nonce = (uint64_t)getpid() << 32;
+    for (size_t b = 0; b < L->n_batches; b++) {
+        size_t first = b * READS_PER_BATCH;
+        L->batches[b] = (batch){.id = nonce | (b + 1), .first = first,
+                                .n = L->n_reads - first < READS_PER_BATCH ? L->n_reads - first : READS_PER_BATCH};
+    }
+    return 0;
+}
+
+static int send_batch(loader *L, batch *b) {
+    Pi2__IoRead *ptrs[READS_PER_BATCH];
+    for (size_t i = 0; i < b->n; i++) ptrs[i] = &L->reads[b->first + i];
+    Pi2__IoReadBatch body = PI2__IO_READ_BATCH__INIT;
+    body.batch_id = b->id;
+    body.n_reads = b->n;
+    body.reads = ptrs;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, ++L->seq, 0);
+    env.body_case = PI2__ENVELOPE__BODY_IO_READ_BATCH;
+    env.io_read_batch = &body;
+    uint8_t buf[4096];
+    size_t len;
+    if (msg_pack(&env, buf, sizeof buf, &len)) {
+        log_error("cannot pack an IoReadBatch");
+        return -1;
+    }
+    int rc = bus_send(L->sock, PI2_BUS_MSG, buf, len);
+    if (rc != BUS_OK) return rc == BUS_TIMEOUT ? 0 : -1; /* a full queue: try again later */
+    b->state = BATCH_SENT;
+    b->sent_ms = bus_now_ms();
+    L->in_flight++;
+    return 0;
+}
+
+/* Sends pending batches while fewer than BATCHES_IN_FLIGHT are out, and
+ * takes back those unanswered for too long. */
+static int pump(loader *L) {
+    int64_t now = bus_now_ms();
+    for (size_t i = 0; i < L->n_batches; i++) {
+        batch *b = &L->batches[i];
+        if (b->state == BATCH_SENT && now - b->sent_ms > L->c->io_timeout_ms) {
+            log_warn("read batch %zu not answered within %d ms (io-worker restarted?); sending it again", i,
+                     L->c->io_timeout_ms);
+            b->state = BATCH_PENDING;
+            L->in_flight--;
+        }
+    }
+    for (size_t i = 0; i < L->n_batches && L->in_flight < BATCHES_IN_FLIGHT; i++)
+        if (L->batches[i].state == BATCH_PENDING && send_batch(L, &L->batches[i])) return -1;
+    return 0;
+}
+
+static batch *find_batch(loader *L, uint64_t id) {
+    uint64_t index = (id & 0xffffffffu) - 1;
+    if (id >> 32 != (uint64_t)getpid() || index >= L->n_batches) return NULL;
+    return &L->batches[index];
+}
+
+/* Checks an IoComplete against its batch; -1 ends the load. */
+static int take_completion(loader *L, const Pi2__IoComplete *done) {
+    batch *b = find_batch(L, done->batch_id);
+    if (!b || b->state == BATCH_DONE) return 0; /* a duplicate or a predecessor's answer */
+    if (done->n_results != b->n) {
+        log_warn("IoComplete for batch %llu has %zu results, not %zu; ignored", (unsigned long long)done->batch_id,
+                 done->n_results, b->n);
+        return 0;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        const Pi2__IoRead *r = &L->reads[b->first + i];
+        int32_t got = done->results[i];
+        if (got == (int32_t)r->length) continue;
+        if (b->state == BATCH_SENT) L->in_flight--;
+        b->state = BATCH_PENDING;
+        char what[128];
+        if (got < 0) snprintf(what, sizeof what, "%s", strerror(-got));
+        else snprintf(what, sizeof what, "%d of %u bytes (the file shrank?)", got, r->length);
+        if (++b->attempts >= MAX_ATTEMPTS) {
+            log_error("reading the model at offset %llu failed %d times: %s", (unsigned long long)r->file_offset,
+                      b->attempts, what);
+            return -1;
+        }
+        log_warn("read at offset %llu: %s; retrying the batch", (unsigned long long)r->file_offset, what);
+        return 0;
+    }
+    if (b->state == BATCH_SENT) L->in_flight--;
+    b->state = BATCH_DONE;
+    L->n_done++;
+    return 0;
+}
+
+/* One message from the io-worker; -1 ends the load. */
+static int receive(loader *L, const struct bus_msg *m) {
+    char err[512];
+    if (m->type != PI2_BUS_MSG) {
+        log_warn("dropped a message of type %u from the io-worker", m->type);
+        return 0;
+    }
+    Pi2__Envelope *env = msg_unpack(m->data, m->len, err, sizeof err);
+    if (!env) {
+        log_warn("dropped a message from the io-worker: %s", err);
+        return 0;
+    }
+    int rc = 0;
+    if (msg_validate(env, &L->lim, err, sizeof err)) {
+        log_warn("dropped an invalid %s: %s", msg_body_name(env->body_case), err);
+    } else if (env->body_case == PI2__ENVELOPE__BODY_IO_COMPLETE) {
+        rc = take_completion(L, env->io_complete);
+    } else if (env->body_case == PI2__ENVELOPE__BODY_ERROR) {
+        log_error("the io-worker refused our reads: %s", env->error->message);
+        rc = -1;
+    } else {
+        log_warn("dropped an unexpected %s from the io-worker", msg_body_name(env->body_case));
+    }
+    msg_free(env);
+    return rc;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int run(loader *L) {
+    int64_t last_progress = bus_now_ms();
+    while (L->n_done < L->n_batches) {
+        if (cachemgr_stop) return 1;
+        cm_beat(L->c, PROC_STARTING);
+        if (pump(L)) return -1;
+        struct bus_msg m;
+        int rc = bus_recv(L->sock, &m, 100);
+        if (rc == BUS_OK && receive(L, &m)) return -1;
+        if (rc == BUS_ERR) {
+            log_error("receive: %s", bus_last_error());
+            return -1;
+        }
+        if (bus_now_ms() - last_progress > 5000) {
+            log_info("loading: %zu of %zu batches done", L->n_done, L->n_batches);
+            last_progress = bus_now_ms();
+        }
+    }
+    return 0;
+}
+
+int cm_load_weights(cachemgr *c) {
+    bus_ctx *ctx = bus_ctx_new();
+    if (!ctx) {
+        log_error("bus: %s", bus_last_error());
+        return -1;
+    }
+    loader L = {.c = c,
+                .lim = {.model_file_size = c->m.gguf.size, .weight_segment_size = c->weights_bytes}};
+    int rc = -1;
+    if (!(L.sock = connect_io(c->runid, ctx))) goto out;
+    if (plan_reads(&L)) {
+        log_error("out of memory planning %zu reads", L.n_reads);
+        goto out;
+    }
+    uint64_t bytes = c->m.gguf.size - weights_file_offset(&c->m);
+    log_info("loading %.3f GB of weights through the io-worker (%zu reads in %zu batches)", (double)bytes / 1e9,
+             L.n_reads, L.n_batches);
+    double t0 = now_s();
+    rc = run(&L);
+    if (rc == 0) {
+        double dt = now_s() - t0;
+        uint64_t gen = shm_generation(c->seg[SEG_WEIGHTS]);
+        atomic_store(&c->ctl->weights_ready, gen);
+        log_info("weights loaded: %.3f GB in %.3f s (%.2f GB/s); weights_ready = %llu", (double)bytes / 1e9, dt,
+                 dt > 0 ? (double)bytes / 1e9 / dt : 0.0, (unsigned long long)gen);
+    }
+out:
+    free(L.reads);
+    free(L.batches);
+    bus_close(L.sock);
+    bus_ctx_free(ctx);
+    return rc;
+}

@@ -1,0 +1,150 @@
+/* cachemgr: creates (or re-attaches) the run's segments, loads the weights
+ * through the io-worker, sets weights_ready, then stays up beating its row.
+ * Its segments outlive it: `pi2 down` (pi2-ctl cleanup) removes them. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cachemgr.h"
+#include "log.h"
+#include "rundir.h"
+
+#define BEAT_MS 100
+
+volatile sig_atomic_t cachemgr_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    cachemgr_stop = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N]\n"
+            "Creates the run's shared-memory segments and loads the weights through the io-worker.\n"
+            "  -m, --model FILE        the model the stack runs\n"
+            "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
+            "  -c, --ctx-size N        KV cache positions (default: min(model context, 2048))\n"
+            "      --cpu-workers N     decode workers (default 1, at most %d)\n"
+            "      --max-prefill N     most prompt tokens per prefill request (default 512)\n"
+            "      --io-timeout-ms N   re-send a read batch unanswered this long (default 5000)\n"
+            "  -h, --help              this help\n"
+            "On a restart the existing segments of the run are kept (with their parameters).\n"
+            "Environment: PI2_LOG=debug|info|warn|error\n",
+            STACK_MAX_CPU_WORKERS);
+}
+
+static int parse_int(const char *s, const char *flag, long lo, long hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) {
+        log_error("%s: '%s' is not an integer in [%ld, %ld]", flag, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+typedef struct {
+    const char *model, *runid;
+    int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
+} options;
+
+static int parse_args(int argc, char **argv, options *o) {
+    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},         {"run", required_argument, 0, 'r'},
+        {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
+        {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
+        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+    const char *env_run = getenv("PI2_RUN");
+    *o = (options){.runid = env_run && *env_run ? env_run : "default", .cpu_workers = 1, .max_prefill = 512,
+                   .io_timeout_ms = 5000};
+    int c;
+    while ((c = getopt_long(argc, argv, "m:r:c:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'r': o->runid = optarg; break;
+        case 'c': if (parse_int(optarg, "-c", 1, 1 << 20, &o->n_ctx)) return -1; break;
+        case OPT_CPU: if (parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
+        case OPT_PREFILL: if (parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
+        case OPT_TIMEOUT: if (parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (!o->model) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    return 0;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: blocking waits return so the loop sees the flag */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Beats until SIGTERM; returns the exit status. */
+static int stay_up(cachemgr *c) {
+    while (!cachemgr_stop) {
+        if (shm_is_stale(c->seg[SEG_CTL])) {
+            log_info("the run's segments were removed (pi2 down); exiting");
+            return 0;
+        }
+        cm_beat(c, PROC_READY);
+        nanosleep(&(struct timespec){.tv_nsec = BEAT_MS * 1000 * 1000}, NULL);
+    }
+    log_info("stopping; the segments stay for the next cachemgr");
+    return 0;
+}
+
+static int start(cachemgr *c) {
+    char dir[RUNDIR_PATH_MAX];
+    if (rundir_path(dir, sizeof dir, c->runid) || rundir_create(dir)) {
+        log_error("run directory of '%s': %s", c->runid, rundir_last_error());
+        return 1;
+    }
+    if (cm_open_segments(c)) return 1;
+    c->row = ctl_proc_claim(c->ctl, "cachemgr", (int32_t)getpid());
+    if (!c->row) log_warn("the process table is full; not beating");
+    uint64_t ready = atomic_load(&c->ctl->weights_ready);
+    if (ready) {
+        log_info("weights already loaded (generation %llu); keeping them", (unsigned long long)ready);
+    } else {
+        int rc = cm_load_weights(c);
+        if (rc < 0) return 1;
+        if (rc > 0) return 0; /* stopped by a signal while loading */
+    }
+    return stay_up(c);
+}
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    options o;
+    if (parse_args(argc, argv, &o)) return 2;
+    install_signals();
+
+    cachemgr c = {.runid = o.runid, .io_timeout_ms = o.io_timeout_ms};
+    if (!realpath(o.model, c.model_path)) {
+        log_error("model %s: %s", o.model, strerror(errno));
+        return 1;
+    }
+    char err[512];
+    if (model_load(&c.m, c.model_path, err, sizeof err)) {
+        log_error("%s", err);
+        return 1;
+    }
+    int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
+    c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
+    int status = start(&c);
+    cm_beat(&c, PROC_DEAD);
+    cm_close_segments(&c);
+    model_free(&c.m);
+    return status;
+}

@@ -1,0 +1,145 @@
+/* io-worker: reads byte ranges of the model file into the weights segment
+ * with one io_uring, on request of its peers (IoReadBatch -> IoComplete) on
+ * the ROUTER endpoint "io" of the run. See docs/stack.md. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io_worker.h"
+#include "log.h"
+#include "msg.h"
+#include "rundir.h"
+
+#define WEIGHTS_WAIT_MS (120 * 1000) /* cachemgr prefaults several GB before the segment appears */
+
+volatile sig_atomic_t io_worker_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    io_worker_stop = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N]\n"
+            "Reads the model file into the run's weights segment with io_uring (O_DIRECT), serving\n"
+            "IoReadBatch requests on the run's \"io\" endpoint.\n"
+            "  -m, --model FILE       the model the stack runs\n"
+            "  -r, --run RUNID        run id (default: $PI2_RUN, else \"default\")\n"
+            "  -q, --queue-depth N    io_uring entries, reads in flight (default 32)\n"
+            "  -h, --help             this help\n"
+            "Environment: PI2_LOG=debug|info|warn|error; PI2_IO_DELAY_US=N pauses N us before each\n"
+            "batch (fault-injection aid for tests)\n");
+}
+
+typedef struct {
+    const char *model, *runid;
+    unsigned queue_depth;
+} options;
+
+static int parse_args(int argc, char **argv, options *o) {
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"run", required_argument, 0, 'r'},
+                                             {"queue-depth", required_argument, 0, 'q'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *env_run = getenv("PI2_RUN");
+    *o = (options){.runid = env_run && *env_run ? env_run : "default", .queue_depth = 32};
+    int c;
+    while ((c = getopt_long(argc, argv, "m:r:q:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'r': o->runid = optarg; break;
+        case 'q': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 1 || v > 4096) {
+                log_error("--queue-depth: '%s' is not an integer in [1, 4096]", optarg);
+                return -1;
+            }
+            o->queue_depth = (unsigned)v;
+            break;
+        }
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (!o->model) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    return 0;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: blocking waits return so the loop sees the flag */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static bus_socket *bind_endpoint(bus_ctx *ctx, const char *runid) {
+    char dir[RUNDIR_PATH_MAX], endpoint[BUS_ENDPOINT_MAX];
+    if (rundir_path(dir, sizeof dir, runid) || rundir_create(dir)) {
+        log_error("run directory of '%s': %s", runid, rundir_last_error());
+        return NULL;
+    }
+    if (bus_endpoint_ipc(endpoint, sizeof endpoint, dir, "io", -1)) {
+        log_error("endpoint: %s", bus_last_error());
+        return NULL;
+    }
+    struct bus_opts opts = bus_default_opts();
+    opts.max_frame = MSG_MAX_FRAME;
+    bus_socket *s = bus_bind(ctx, BUS_ROUTER, endpoint, &opts);
+    if (!s) log_error("bind %s: %s", endpoint, bus_last_error());
+    else log_info("serving reads on %s", endpoint);
+    return s;
+}
+
+/* Serves until SIGTERM; returns the exit status. */
+static int serve(io_worker *w) {
+    w->state = PROC_READY;
+    while (!io_worker_stop) {
+        iow_beat(w);
+        if (w->fatal) return 1;
+        struct bus_msg m;
+        int rc = bus_recv(w->sock, &m, 100);
+        if (rc == BUS_OK) iow_serve(w, &m);
+        else if (rc == BUS_EPROTO) log_warn("dropped a malformed frame: %s", bus_last_error());
+        else if (rc == BUS_ERR) { log_error("receive: %s", bus_last_error()); return 1; }
+    }
+    log_info("stopping");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    options o;
+    if (parse_args(argc, argv, &o)) return 2;
+    install_signals();
+
+    const char *delay = getenv("PI2_IO_DELAY_US");
+    io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0};
+    if (!realpath(o.model, w.model_path)) {
+        log_error("model %s: %s", o.model, strerror(errno));
+        return 1;
+    }
+    char err[512];
+    w.reader = uring_reader_open(w.model_path, o.queue_depth, err, sizeof err);
+    if (!w.reader) { log_error("%s", err); return 1; }
+
+    int status = 1;
+    bus_ctx *ctx = bus_ctx_new();
+    if (!ctx) { log_error("bus: %s", bus_last_error()); goto out; }
+    w.sock = bind_endpoint(ctx, o.runid);
+    if (w.sock && iow_wait_weights(&w, WEIGHTS_WAIT_MS) == 0) status = serve(&w);
+    else if (io_worker_stop) status = 0;
+out:
+    bus_close(w.sock);
+    bus_ctx_free(ctx);
+    iow_detach(&w);
+    uring_reader_close(w.reader);
+    return status;
+}

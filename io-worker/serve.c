@@ -1,0 +1,133 @@
+/* One request: validate an IoReadBatch against the model file and the
+ * weights segment, read it, answer IoComplete. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "io_worker.h"
+#include "log.h"
+#include "msg.h"
+
+static uint64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
+    size_t len;
+    uint8_t *bytes = msg_pack_alloc(env, &len);
+    if (!bytes) {
+        log_error("cannot pack the %s reply", msg_body_name(env->body_case));
+        return;
+    }
+    int rc = bus_send_to(w->sock, m->peer, m->peer_len, PI2_BUS_MSG, bytes, len);
+    if (rc != BUS_OK)
+        log_warn("reply to '%.*s' not sent: %s", (int)m->peer_len, (const char *)m->peer, bus_status_str(rc));
+    free(bytes);
+}
+
+static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, Pi2__ErrorCode code,
+                        const char *text) {
+    Pi2__Envelope env;
+    Pi2__Error e = PI2__ERROR__INIT;
+    msg_envelope_init(&env, ++w->seq, req->session);
+    e.code = code;
+    e.message = (char *)text;
+    e.ref_seq = req->seq;
+    env.body_case = PI2__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    reply(w, m, &env);
+}
+
+/* Lets a test kill the io-worker while a batch is in its hands; beats meanwhile. */
+static void pause_for_tests(io_worker *w) {
+    for (int64_t left = w->delay_us; left > 0 && !io_worker_stop; left -= 50000) {
+        nanosleep(&(struct timespec){.tv_nsec = (left < 50000 ? left : 50000) * 1000}, NULL);
+        iow_beat(w);
+    }
+}
+
+/* The segment was replaced (cachemgr restarted with a fresh one) or removed. */
+static int ensure_fresh_weights(io_worker *w) {
+    if (!shm_is_stale(w->weights)) return 0;
+    log_info("the weights segment was replaced or removed; re-attaching");
+    return iow_attach_weights(w);
+}
+
+static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, bool have_weights) {
+    const Pi2__IoReadBatch *b = req->io_read_batch;
+    size_t n = b->n_reads;
+    io_job *jobs = calloc(n, sizeof *jobs);
+    int32_t *results = calloc(n, sizeof *results);
+    if (!jobs || !results) {
+        log_error("out of memory for a batch of %zu reads", n);
+        free(jobs);
+        free(results);
+        return;
+    }
+    uint64_t t0 = now_us(), bytes = 0;
+    if (!have_weights) {
+        for (size_t i = 0; i < n; i++) results[i] = -ESTALE;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            jobs[i] = (io_job){.file_offset = b->reads[i]->file_offset, .length = b->reads[i]->length,
+                               .dest = w->data + b->reads[i]->slot_offset};
+        w->state = PROC_BUSY;
+        pause_for_tests(w);
+        uring_reader_run(w->reader, jobs, n, iow_beat, w);
+        w->state = PROC_READY;
+        for (size_t i = 0; i < n; i++) {
+            results[i] = jobs[i].result;
+            if (results[i] > 0) bytes += (uint64_t)results[i];
+        }
+    }
+    uint64_t us = now_us() - t0;
+    log_debug("batch %llu: %zu reads, %llu bytes in %llu us", (unsigned long long)b->batch_id, n,
+              (unsigned long long)bytes, (unsigned long long)us);
+
+    Pi2__Envelope env;
+    Pi2__IoComplete done = PI2__IO_COMPLETE__INIT;
+    msg_envelope_init(&env, ++w->seq, req->session);
+    done.batch_id = b->batch_id;
+    done.n_results = n;
+    done.results = results;
+    done.time_us = us;
+    env.body_case = PI2__ENVELOPE__BODY_IO_COMPLETE;
+    env.io_complete = &done;
+    reply(w, m, &env);
+    free(jobs);
+    free(results);
+}
+
+void iow_serve(io_worker *w, const struct bus_msg *m) {
+    int peer_len = (int)m->peer_len;
+    const char *peer = (const char *)m->peer;
+    if (m->type != PI2_BUS_MSG) {
+        log_warn("dropped a message of type %u from '%.*s'", m->type, peer_len, peer);
+        return;
+    }
+    char err[512];
+    Pi2__Envelope *env = msg_unpack(m->data, m->len, err, sizeof err);
+    if (!env) {
+        log_warn("dropped a message from '%.*s': %s", peer_len, peer, err);
+        return;
+    }
+    if (env->body_case != PI2__ENVELOPE__BODY_IO_READ_BATCH) {
+        log_warn("dropped a %s from '%.*s': the io-worker only serves IoReadBatch", msg_body_name(env->body_case),
+                 peer_len, peer);
+        msg_free(env);
+        return;
+    }
+    bool have_weights = ensure_fresh_weights(w) == 0;
+    /* Every read must lie inside the model file and inside the weights region. */
+    msg_limits lim = {.model_file_size = uring_reader_file_size(w->reader), .weight_segment_size = w->data_bytes};
+    if (msg_validate(env, &lim, err, sizeof err)) {
+        log_warn("refused an IoReadBatch from '%.*s': %s", peer_len, peer, err);
+        reply_error(w, m, env, PI2__ERROR_CODE__INVALID, err);
+    } else {
+        read_batch(w, m, env, have_weights);
+    }
+    msg_free(env);
+}

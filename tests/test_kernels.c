@@ -1,0 +1,358 @@
+/* Kernel tests: the scalar reference is checked against hand-computed values
+ * and double-precision arithmetic; every SIMD kernel set this CPU can run is
+ * checked against the scalar reference on random data of many lengths. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f16.h"
+#include "kernels.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+static uint32_t rng_u32(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rng_uniform(void) { return (float)(rng_u32() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
+/* values spread over several orders of magnitude, like real activations */
+static float rng_value(void) { return rng_uniform() * ldexpf(1.0f, (int)(rng_u32() % 8) - 4); }
+static void fill_random(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = rng_value();
+}
+
+static uint16_t block_d(const void *block) { /* the f16 scale at the start of a block */
+    uint16_t h;
+    memcpy(&h, block, sizeof h);
+    return h;
+}
+
+/* ---- the reference itself, against independent values ---- */
+
+static void test_f16_known_values(void) {
+    CHECK(f32_to_f16(1.0f) == 0x3c00, "1.0 -> %#x", f32_to_f16(1.0f));
+    CHECK(f32_to_f16(-2.0f) == 0xc000, "-2.0 -> %#x", f32_to_f16(-2.0f));
+    CHECK(f32_to_f16(65504.0f) == 0x7bff, "65504 -> %#x", f32_to_f16(65504.0f));
+    CHECK(f32_to_f16(65520.0f) == 0x7c00, "65520 (halfway to 2^16) rounds to inf, got %#x", f32_to_f16(65520.0f));
+    CHECK(f32_to_f16(ldexpf(1.0f, -24)) == 0x0001, "2^-24 is the smallest subnormal");
+    CHECK(f32_to_f16(ldexpf(1.0f, -25)) == 0x0000, "2^-25 ties to even 0");
+    CHECK(f32_to_f16(ldexpf(3.0f, -25)) == 0x0002, "1.5 * 2^-24 ties to even 2");
+    CHECK(f32_to_f16(1.0f + ldexpf(1.0f, -11)) == 0x3c00, "1 + half an ulp ties to even 1.0");
+    CHECK(f32_to_f16(1.0f + ldexpf(3.0f, -11)) == 0x3c02, "1 + 1.5 ulp ties to even 1 + 2 ulp");
+    CHECK(f16_to_f32(0x0001) == ldexpf(1.0f, -24), "0x0001 -> 2^-24");
+    CHECK(f16_to_f32(0x7bff) == 65504.0f, "0x7bff -> 65504");
+    CHECK(f16_to_f32(0xb800) == -0.5f, "0xb800 -> -0.5");
+}
+
+static void test_dequantize_known_blocks(void) {
+    /* Q4_0, d = 0.5: qs[j] holds element j in the low nibble and element j+16 in the high one */
+    block_q4_0 b4;
+    b4.d = 0x3800; /* 0.5 */
+    for (int j = 0; j < 16; j++) b4.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    float out[32];
+    dequantize_row(GGML_TYPE_Q4_0, &b4, out, 32);
+    int bad = 0;
+    for (int j = 0; j < 16; j++) {
+        bad += out[j] != 0.5f * (j - 8);       /* -4.0, -3.5, ..., 3.5 */
+        bad += out[j + 16] != 0.5f * (7 - j);  /* 3.5, 3.0, ..., -4.0 */
+    }
+    CHECK(bad == 0 && out[0] == -4.0f && out[16] == 3.5f, "Q4_0 hand block: %d wrong (out[0]=%g)", bad, out[0]);
+
+    block_q8_0 b8;
+    b8.d = 0x3400; /* 0.25 */
+    for (int j = 0; j < 32; j++) b8.qs[j] = (int8_t)(j - 16);
+    dequantize_row(GGML_TYPE_Q8_0, &b8, out, 32);
+    bad = 0;
+    for (int j = 0; j < 32; j++) bad += out[j] != 0.25f * (j - 16);
+    CHECK(bad == 0 && out[0] == -4.0f, "Q8_0 hand block: %d wrong", bad);
+}
+
+static void test_quantize_known_blocks(void) {
+    /* x_j = j - 16: the largest magnitude is -16, so d = -16 / -8 = 2 and
+     * q_j = min(15, trunc((j - 16) / 2 + 8.5)) = min(15, (j + 1) / 2) */
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+    block_q4_0 b4;
+    quantize_row_q4_0_ref(x, &b4, 32);
+    CHECK(block_d(&b4) == 0x4000, "Q4_0 d = 2.0, got %#x", block_d(&b4));
+    int bad = 0;
+    for (int j = 0; j < 16; j++) {
+        const int lo = (j + 1) / 2, hi = (j + 17) / 2 > 15 ? 15 : (j + 17) / 2;
+        bad += b4.qs[j] != (lo | (hi << 4));
+    }
+    CHECK(bad == 0, "Q4_0 hand quantization: %d bytes wrong", bad);
+
+    /* Q8_0 with amax 127: d = 1 and quantization is roundf, halves away from zero */
+    const float vals[8] = {127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 0.49999997f, 126.5f, -1.2f};
+    const int8_t want[8] = {127, 3, -4, 1, -1, 0, 127, -1};
+    for (int j = 0; j < 32; j++) x[j] = vals[j % 8];
+    block_q8_0 b8;
+    quantize_row_q8_0_ref(x, &b8, 32);
+    bad = 0;
+    for (int j = 0; j < 32; j++) bad += b8.qs[j] != want[j % 8];
+    CHECK(block_d(&b8) == 0x3c00 && bad == 0, "Q8_0 hand quantization: d %#x, %d wrong", block_d(&b8), bad);
+
+    for (int j = 0; j < 32; j++) x[j] = 0.0f;
+    quantize_row_q8_0_ref(x, &b8, 32);
+    quantize_row_q4_0_ref(x, &b4, 32);
+    /* Q4_0's d = 0 / -8 is -0.0, as in ggml */
+    CHECK(block_d(&b8) == 0 && b8.qs[5] == 0 && (block_d(&b4) & 0x7fff) == 0 && b4.qs[5] == 0x88, "zero blocks");
+}
+
+/* quantize then dequantize: each element within half a step (d/2) of its input,
+ * plus the f16 rounding of d (up to 2^-11 relative, times |q| <= 127); Q4_0
+ * clamps the top code to 15, which can cost up to one full step */
+static void test_quantize_roundtrip(void) {
+    enum { N = 32 * 64 };
+    static float x[N], y[N];
+    static block_q4_0 q4[N / 32];
+    static block_q8_0 q8[N / 32];
+    fill_random(x, N);
+    quantize_row(GGML_TYPE_Q4_0, x, q4, N);
+    dequantize_row(GGML_TYPE_Q4_0, q4, y, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const float d = fabsf(f16_to_f32(block_d(&q4[i / 32])));
+        const int q = i % 32 < 16 ? q4[i / 32].qs[i % 16] & 15 : q4[i / 32].qs[i % 16] >> 4;
+        const float slack = d * (8.0f / 2048.0f) + 1e-6f * d;
+        bad += fabsf(x[i] - y[i]) > (q == 15 ? d : d * 0.5f) + slack;
+    }
+    CHECK(bad == 0, "Q4_0 roundtrip: %d elements off by more than d/2 (d when clamped to 15)", bad);
+
+    quantize_row(GGML_TYPE_Q8_0, x, q8, N);
+    dequantize_row(GGML_TYPE_Q8_0, q8, y, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        const float d = f16_to_f32(block_d(&q8[i / 32]));
+        bad += fabsf(x[i] - y[i]) > d * 0.5f + d * (127.0f / 2048.0f) + 1e-6f * d;
+    }
+    CHECK(bad == 0, "Q8_0 roundtrip: %d elements off by more than d/2", bad);
+
+    static uint16_t h[N];
+    quantize_row(GGML_TYPE_F16, x, h, N);
+    dequantize_row(GGML_TYPE_F16, h, y, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += fabsf(x[i] - y[i]) > fabsf(x[i]) * ldexpf(1.0f, -11) + ldexpf(1.0f, -25);
+    CHECK(bad == 0, "F16 roundtrip: %d elements off by more than half an ulp", bad);
+}
+
+/* float dots sum n products in some order: each order is within about
+ * n * FLT_EPSILON * sum|products| of the exact value (integer block sums are exact) */
+static double dot_tolerance(double abs_sum, int terms) { return 2.0 * (terms + 2) * FLT_EPSILON * abs_sum + 1e-30; }
+
+static void test_reference_dots_vs_double(void) {
+    const kernels *k = kernels_scalar();
+    enum { N = 32 * 129 };
+    static float w[N], x[N], wd[N], xd[N];
+    static block_q4_0 w4[N / 32];
+    static block_q8_0 w8[N / 32], x8[N / 32];
+    static uint16_t w16[N], x16[N];
+    fill_random(w, N);
+    fill_random(x, N);
+    quantize_row(GGML_TYPE_Q8_0, x, x8, N);
+    dequantize_row(GGML_TYPE_Q8_0, x8, xd, N);
+
+    double exact = 0, abs_sum = 0;
+    for (int i = 0; i < N; i++) exact += (double)w[i] * x[i], abs_sum += fabs((double)w[i] * x[i]);
+    float got = k->dot_f32(w, x, N);
+    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_f32 %g vs double %g", got, exact);
+
+    quantize_row(GGML_TYPE_F16, w, w16, N);
+    quantize_row(GGML_TYPE_F16, x, x16, N);
+    dequantize_row(GGML_TYPE_F16, w16, wd, N);
+    dequantize_row(GGML_TYPE_F16, x16, xd, N);
+    exact = abs_sum = 0;
+    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
+    got = k->dot_f16(w16, x16, N);
+    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_f16 %g vs double %g", got, exact);
+
+    dequantize_row(GGML_TYPE_Q8_0, x8, xd, N);
+    quantize_row(GGML_TYPE_Q8_0, w, w8, N);
+    dequantize_row(GGML_TYPE_Q8_0, w8, wd, N);
+    exact = abs_sum = 0;
+    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
+    got = k->dot_q8_0(w8, x8, N);
+    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_q8_0 %g vs double %g", got, exact);
+
+    quantize_row(GGML_TYPE_Q4_0, w, w4, N);
+    dequantize_row(GGML_TYPE_Q4_0, w4, wd, N);
+    exact = abs_sum = 0;
+    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
+    got = k->dot_q4_0(w4, x8, N);
+    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_q4_0 %g vs double %g", got, exact);
+}
+
+/* ---- SIMD kernel sets against the reference ---- */
+
+static const int float_lengths[] = {1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 1000, 4096, 4097};
+static const int block_counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 127, 128, 129, 300, 344};
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define MAX_N 12000
+
+/* Integer sums inside a block are exact, but SIMD code may scale partial
+ * sums (lanes) before adding them up, so the float error is bounded by the
+ * element-wise sum of |w_i * x_i| over about nb + 16 additions. */
+static double q_abs_sum(const float *wd, const float *xd, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += fabs((double)wd[i] * xd[i]);
+    return s;
+}
+static double q_tolerance(const float *wd, const float *xd, int n) { return dot_tolerance(q_abs_sum(wd, xd, n), n / 32 + 16); }
+
+static void test_float_kernels(const kernels *k) {
+    const kernels *ref = kernels_scalar();
+    static float w[MAX_N], x[MAX_N], y_ref[MAX_N], y_simd[MAX_N];
+    static uint16_t w16[MAX_N], x16[MAX_N], h_ref[MAX_N], h_simd[MAX_N];
+    for (int li = 0; li < COUNT(float_lengths); li++) {
+        const int n = float_lengths[li];
+        fill_random(w, n);
+        fill_random(x, n);
+        double abs_sum = 0;
+        for (int i = 0; i < n; i++) abs_sum += fabs((double)w[i] * x[i]);
+        float a = ref->dot_f32(w, x, n), b = k->dot_f32(w, x, n);
+        CHECK(fabs(a - b) <= dot_tolerance(abs_sum, n), "%s dot_f32 n=%d: %.9g vs %.9g", k->name, n, b, a);
+
+        ref->f32_to_f16_row(w, w16, n);
+        ref->f32_to_f16_row(x, x16, n);
+        abs_sum = 0;
+        for (int i = 0; i < n; i++) abs_sum += fabs((double)f16_to_f32(w16[i]) * f16_to_f32(x16[i]));
+        a = ref->dot_f16(w16, x16, n), b = k->dot_f16(w16, x16, n);
+        CHECK(fabs(a - b) <= dot_tolerance(abs_sum, n), "%s dot_f16 n=%d: %.9g vs %.9g", k->name, n, b, a);
+
+        /* f16 conversion over all magnitudes incl. subnormals, ties, inf and NaN payloads */
+        for (int i = 0; i < n; i++) {
+            const uint32_t r = rng_u32();
+            float f;
+            switch (r % 4) {
+            case 0: f = ldexpf(rng_uniform(), (int)(r >> 8) % 50 - 30); break;
+            case 1: f = ldexpf((float)(1 + 2 * (r >> 8 & 0x3ff)), (int)(r >> 20) % 40 - 38); break; /* ties */
+            case 2: {
+                uint32_t bits = rng_u32();
+                memcpy(&f, &bits, sizeof f);
+                break;
+            }
+            default: f = rng_value();
+            }
+            w[i] = f;
+        }
+        memset(h_ref, 0, sizeof(uint16_t) * (size_t)(n + 1));
+        memset(h_simd, 0, sizeof(uint16_t) * (size_t)(n + 1));
+        for (int i = 0; i < n; i++) h_ref[i] = f32_to_f16(w[i]);
+        k->f32_to_f16_row(w, h_simd, n);
+        CHECK(memcmp(h_ref, h_simd, sizeof(uint16_t) * (size_t)(n + 1)) == 0,
+              "%s f32_to_f16_row n=%d differs from f32_to_f16 (or wrote past n)", k->name, n);
+
+        fill_random(w, n);
+        fill_random(y_ref, n + 1);
+        memcpy(y_simd, y_ref, sizeof(float) * (size_t)(n + 1));
+        ref->axpy_f32(y_ref, 0.37f, w, n);
+        k->axpy_f32(y_simd, 0.37f, w, n);
+        CHECK(memcmp(y_ref, y_simd, sizeof(float) * (size_t)(n + 1)) == 0,
+              "%s axpy_f32 n=%d not bit-exact (or wrote past n)", k->name, n);
+    }
+}
+
+static void test_quantized_kernels(const kernels *k) {
+    const kernels *ref = kernels_scalar();
+    static float w[MAX_N], x[MAX_N], wd[MAX_N], xd[MAX_N];
+    static block_q4_0 w4[MAX_N / 32];
+    static block_q8_0 w8[MAX_N / 32], x8_ref[MAX_N / 32 + 1], x8_simd[MAX_N / 32 + 1];
+    for (int bi = 0; bi < COUNT(block_counts); bi++) {
+        const int n = block_counts[bi] * 32;
+        fill_random(w, n);
+        fill_random(x, n);
+        if (bi % 3 == 0) /* exact .5 ties: amax 127 makes d = 1 */
+            for (int i = 0; i < n; i++) x[i] = i % 32 == 0 ? 127.0f : (float)(int)(rng_uniform() * 120) + 0.5f;
+        if (bi % 3 == 1) memset(x, 0, sizeof(float) * 32); /* an all-zero block */
+
+        memset(x8_ref, 0x5a, sizeof x8_ref);
+        memset(x8_simd, 0x5a, sizeof x8_simd);
+        ref->quantize_q8_0(x, x8_ref, n);
+        k->quantize_q8_0(x, x8_simd, n);
+        CHECK(memcmp(x8_ref, x8_simd, sizeof x8_ref) == 0, "%s quantize_q8_0 n=%d not bit-exact", k->name, n);
+
+        dequantize_row(GGML_TYPE_Q8_0, x8_ref, xd, n);
+        quantize_row(GGML_TYPE_Q8_0, w, w8, n);
+        dequantize_row(GGML_TYPE_Q8_0, w8, wd, n);
+        float a = ref->dot_q8_0(w8, x8_ref, n), b = k->dot_q8_0(w8, x8_ref, n);
+        CHECK(fabs(a - b) <= q_tolerance(wd, xd, n), "%s dot_q8_0 blocks=%d: %.9g vs %.9g",
+              k->name, n / 32, b, a);
+
+        quantize_row(GGML_TYPE_Q4_0, w, w4, n);
+        dequantize_row(GGML_TYPE_Q4_0, w4, wd, n);
+        const double tol = q_tolerance(wd, xd, n);
+        a = ref->dot_q4_0(w4, x8_ref, n), b = k->dot_q4_0(w4, x8_ref, n);
+        CHECK(fabs(a - b) <= tol, "%s dot_q4_0 blocks=%d: %.9g vs %.9g", k->name, n / 32, b, a);
+    }
+}
+
+/* gemv over rows with padding between them equals one reference dot per row */
+static void test_gemv(const kernels *k) {
+    const int row_counts[] = {1, 3, 17, 40};
+    const int nbs[] = {1, 3, 5, 127, 129, 300};
+    for (int ri = 0; ri < COUNT(row_counts); ri++) {
+        for (int bi = 0; bi < COUNT(nbs); bi++) {
+            const int nrows = row_counts[ri], nb = nbs[bi], n = nb * 32;
+            const size_t stride = (size_t)(nb + ri) * sizeof(block_q4_0); /* ri blocks of padding */
+            uint8_t *w = malloc(stride * (size_t)nrows);
+            float *row = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(nrows + 1));
+            block_q8_0 *x8 = malloc(sizeof(block_q8_0) * (size_t)nb);
+            if (!w || !row || !y || !x8) {
+                CHECK(0, "out of memory");
+                return;
+            }
+            memset(w, 0xee, stride * (size_t)nrows);
+            for (int r = 0; r < nrows; r++) {
+                fill_random(row, n);
+                quantize_row_q4_0_ref(row, (block_q4_0 *)(w + (size_t)r * stride), n);
+            }
+            fill_random(row, n);
+            quantize_row_q8_0_ref(row, x8, n);
+            y[nrows] = 12345.0f;
+            k->gemv_q4_0((const block_q4_0 *)w, stride, x8, y, nrows, n);
+            int bad = 0;
+            for (int r = 0; r < nrows; r++) {
+                const block_q4_0 *wr = (const block_q4_0 *)(w + (size_t)r * stride);
+                float wd[32 * 300], xd[32 * 300];
+                dequantize_row(GGML_TYPE_Q4_0, wr, wd, n);
+                dequantize_row(GGML_TYPE_Q8_0, x8, xd, n);
+                const float want = kernels_scalar()->dot_q4_0(wr, x8, n);
+                bad += !(fabs(y[r] - want) <= q_tolerance(wd, xd, n));
+            }
+            CHECK(bad == 0 && y[nrows] == 12345.0f, "%s gemv_q4_0 rows=%d blocks=%d: %d rows differ", k->name,
+                  nrows, nb, bad);
+            free(x8);
+            free(y);
+            free(row);
+            free(w);
+        }
+    }
+}
+
+int main(void) {
+    /* the override is read once, at the first kernels_best() call */
+    setenv("PI2_KERNELS", "scalar", 1);
+    CHECK(strcmp(kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar gave %s", kernels_best()->name);
+
+    test_f16_known_values();
+    test_dequantize_known_blocks();
+    test_quantize_known_blocks();
+    test_quantize_roundtrip();
+    test_reference_dots_vs_double();
+
+    const kernels *sets[3] = {kernels_scalar(), kernels_avx2(), kernels_avx512()};
+    for (int i = 0; i < 3; i++) {
+        if (!sets[i]) {
+            printf("kernel set %d not supported by this CPU: skipped\n", i);
+            continue;
+        }
+        test_float_kernels(sets[i]);
+        test_quantized_kernels(sets[i]);
+        test_gemv(sets[i]);
+    }
+    return test_summary();
+}
