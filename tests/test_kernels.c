@@ -293,15 +293,16 @@ static void test_quantized_kernels(const kernels *k) {
 /* gemv over rows with padding between them equals one reference dot per row */
 static void test_gemv(const kernels *k) {
     const int row_counts[] = {1, 3, 17, 40};
-    const int nbs[] = {1, 3, 5, 127, 129, 300};
+    const int nbs[] = {1, 3, 5, 127, 129, 300, 600}; /* 600: more than one activation chunk */
     for (int ri = 0; ri < COUNT(row_counts); ri++) {
         for (int bi = 0; bi < COUNT(nbs); bi++) {
             const int nrows = row_counts[ri], nb = nbs[bi], n = nb * 32;
             const size_t stride = (size_t)(nb + ri) * sizeof(block_q4_0); /* ri blocks of padding */
             uint8_t *w = malloc(stride * (size_t)nrows);
             float *row = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(nrows + 1));
+            float *wd = malloc(sizeof(float) * (size_t)n), *xd = malloc(sizeof(float) * (size_t)n);
             block_q8_0 *x8 = malloc(sizeof(block_q8_0) * (size_t)nb);
-            if (!w || !row || !y || !x8) {
+            if (!w || !row || !y || !x8 || !wd || !xd) {
                 CHECK(0, "out of memory");
                 return;
             }
@@ -317,7 +318,6 @@ static void test_gemv(const kernels *k) {
             int bad = 0;
             for (int r = 0; r < nrows; r++) {
                 const block_q4_0 *wr = (const block_q4_0 *)(w + (size_t)r * stride);
-                float wd[32 * 300], xd[32 * 300];
                 dequantize_row(GGML_TYPE_Q4_0, wr, wd, n);
                 dequantize_row(GGML_TYPE_Q8_0, x8, xd, n);
                 const float want = kernels_scalar()->dot_q4_0(wr, x8, n);
@@ -326,6 +326,8 @@ static void test_gemv(const kernels *k) {
             CHECK(bad == 0 && y[nrows] == 12345.0f, "%s gemv_q4_0 rows=%d blocks=%d: %d rows differ", k->name,
                   nrows, nb, bad);
             free(x8);
+            free(xd);
+            free(wd);
             free(y);
             free(row);
             free(w);
