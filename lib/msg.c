@@ -302,6 +302,15 @@ static int v_shutdown(const vctx *v, const Pi2__Envelope *env) {
     return check_string(v, "Shutdown", "reason", env->shutdown->reason, MSG_MAX_STRING, 0);
 }
 
+/* Optional sampling parameters: the floats must be finite (NaN would poison every comparison). */
+static int check_sampling(const vctx *v, const char *path, const Pi2__SamplingParams *s) {
+    if (s && !isfinite(s->temperature))
+        return fail(v, "%s.sampling.temperature = %g is not finite", path, s->temperature);
+    if (s && !isfinite(s->top_p))
+        return fail(v, "%s.sampling.top_p = %g is not finite", path, s->top_p);
+    return 0;
+}
+
 static int v_session_start(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__SessionStart *m = env->session_start;
     if (check_session(v, env, "SessionStart") ||
@@ -310,12 +319,7 @@ static int v_session_start(const vctx *v, const Pi2__Envelope *env) {
     if (m->n_ctx == 0 || m->n_ctx > v->lim->n_ctx)
         return fail(v, "SessionStart.n_ctx = %" PRIu32 " is not in [1, n_ctx %" PRIu32 "]",
                     m->n_ctx, v->lim->n_ctx);
-    const Pi2__SamplingParams *s = m->sampling;
-    if (s && !isfinite(s->temperature))
-        return fail(v, "SessionStart.sampling.temperature = %g is not finite", s->temperature);
-    if (s && !isfinite(s->top_p))
-        return fail(v, "SessionStart.sampling.top_p = %g is not finite", s->top_p);
-    return 0;
+    return check_sampling(v, "SessionStart", m->sampling);
 }
 
 static int v_session_stop(const vctx *v, const Pi2__Envelope *env) {
@@ -338,7 +342,8 @@ static int v_prefill_request(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__PrefillRequest *m = env->prefill_request;
     const msg_limits *lim = v->lim;
     const char *p = "PrefillRequest";
-    if (check_session(v, env, p) || check_nonzero(v, p, "n_tokens", m->n_tokens) ||
+    if (check_session(v, env, p) || check_nonzero(v, p, "epoch", m->epoch) ||
+        check_nonzero(v, p, "n_tokens", m->n_tokens) ||
         check_range(v, p, "positions", m->first_position,
                     (uint64_t)m->first_position + m->n_tokens, "n_ctx", lim->n_ctx) ||
         check_act_span(v, p, "act_offset/act_length", m->act_offset, m->act_length))
@@ -346,14 +351,13 @@ static int v_prefill_request(const vctx *v, const Pi2__Envelope *env) {
     if (m->layer_begin >= m->layer_end || m->layer_end > lim->n_layer)
         return fail(v, "%s.layers = [%" PRIu32 ", %" PRIu32 ") is empty or exceeds n_layer %" PRIu32,
                     p, m->layer_begin, m->layer_end, lim->n_layer);
-    /* Token ids feed the embedding lookup, which only the first layer does. */
-    size_t want = m->layer_begin == 0 ? m->n_tokens : 0;
-    if (m->n_token_ids != want)
-        return fail(v, "%s.token_ids has %zu entries, expected %zu", p, m->n_token_ids, want);
-    for (size_t i = 0; i < m->n_token_ids; i++)
-        if (m->token_ids[i] >= lim->n_vocab)
-            return fail(v, "%s.token_ids[%zu] = %" PRIu32 " >= n_vocab %" PRIu32, p, i,
-                        m->token_ids[i], lim->n_vocab);
+    /* The ids travel in the activation segment; the span names exactly them (int32 each). */
+    if (m->act_length != (uint64_t)m->n_tokens * sizeof(int32_t))
+        return fail(v, "%s.act_length = %" PRIu64 " is not 4 * n_tokens %" PRIu32, p,
+                    m->act_length, m->n_tokens);
+    if (m->n_token_ids)
+        return fail(v, "%s.token_ids has %zu entries, expected 0 (ids are in act.tokens)", p,
+                    m->n_token_ids);
     return 0;
 }
 
@@ -366,12 +370,18 @@ static int v_prefill_done(const vctx *v, const Pi2__Envelope *env) {
                : 0;
 }
 
+/* Layer n_layer of a DecodeTask or TaskDone is the output task (final norm + output rows). */
+static int check_task_layer(const vctx *v, const char *path, uint32_t layer) {
+    if (layer <= v->lim->n_layer) return 0;
+    return fail(v, "%s.layer = %" PRIu32 " > n_layer %" PRIu32, path, layer, v->lim->n_layer);
+}
+
 static int v_decode_task(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__DecodeTask *m = env->decode_task;
     const msg_limits *lim = v->lim;
     const char *p = "DecodeTask";
-    if (check_session(v, env, p) ||
-        check_index(v, p, "layer", m->layer, "n_layer", lim->n_layer) ||
+    if (check_session(v, env, p) || check_nonzero(v, p, "epoch", m->epoch) ||
+        check_task_layer(v, p, m->layer) ||
         check_index(v, p, "position", m->position, "n_ctx", lim->n_ctx) ||
         check_act_span(v, p, "in_offset/in_length", m->in_offset, m->in_length) ||
         check_act_span(v, p, "out_offset/out_length", m->out_offset, m->out_length) ||
@@ -379,6 +389,11 @@ static int v_decode_task(const vctx *v, const Pi2__Envelope *env) {
                     (uint64_t)m->position + 1) ||
         check_range(v, p, "heads", m->head_begin, m->head_end, "n_head", lim->n_head))
         return -1;
+    if (m->layer == lim->n_layer) {
+        if (m->head_begin != m->head_end || m->n_clusters)
+            return fail(v, "%s.layer = n_layer (the output task) has heads or clusters", p);
+        return 0;
+    }
     return check_clusters(v, p, "clusters", m->clusters, m->n_clusters, m->layer, SLOTS_OPTIONAL,
                           lim->n_ff);
 }
@@ -387,7 +402,7 @@ static int v_task_done(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__TaskDone *m = env->task_done;
     const char *p = "TaskDone";
     return check_session(v, env, p) || check_nonzero(v, p, "worker_id", m->worker_id) ||
-                   check_index(v, p, "layer", m->layer, "n_layer", v->lim->n_layer) ||
+                   check_task_layer(v, p, m->layer) ||
                    check_act_span(v, p, "out_offset/out_length", m->out_offset, m->out_length) ||
                    check_enum(v, p, "status", m->status, &pi2__task_status__descriptor)
                ? -1
@@ -470,6 +485,48 @@ static int v_nothing(const vctx *v, const Pi2__Envelope *env) {
     return 0;
 }
 
+/* ---- clients ---------------------------------------------------------------------------- */
+
+static int v_generate_request(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__GenerateRequest *m = env->generate_request;
+    const char *p = "GenerateRequest";
+    if (m->prompt.len > MSG_MAX_PROMPT)
+        return fail(v, "%s.prompt has %zu bytes, more than %u", p, m->prompt.len, MSG_MAX_PROMPT);
+    /* The tokenizer takes a C string: an embedded NUL would silently cut the prompt. */
+    if (m->prompt.len && memchr(m->prompt.data, 0, m->prompt.len))
+        return fail(v, "%s.prompt contains a NUL byte", p);
+    if (m->n_predict > MSG_MAX_PREDICT)
+        return fail(v, "%s.n_predict = %" PRIu32 " > %u", p, m->n_predict, MSG_MAX_PREDICT);
+    return check_sampling(v, p, m->sampling);
+}
+
+static int v_token_piece(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__TokenPiece *m = env->token_piece;
+    const char *p = "TokenPiece";
+    if (check_session(v, env, p) || check_index(v, p, "token", m->token, "n_vocab", v->lim->n_vocab))
+        return -1;
+    if (m->piece.len > MSG_MAX_PIECE)
+        return fail(v, "%s.piece has %zu bytes, more than %u", p, m->piece.len, MSG_MAX_PIECE);
+    return 0;
+}
+
+static int check_ms(const vctx *v, const char *path, const char *field, double ms) {
+    if (isfinite(ms) && ms >= 0) return 0;
+    return fail(v, "%s.%s = %g is not a finite duration >= 0", path, field, ms);
+}
+
+static int v_generate_done(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__GenerateDone *m = env->generate_done;
+    const char *p = "GenerateDone";
+    if (check_session(v, env, p) || check_ms(v, p, "prompt_ms", m->prompt_ms) ||
+        check_ms(v, p, "decode_ms", m->decode_ms) ||
+        check_enum(v, p, "status", m->status, &pi2__generate_status__descriptor))
+        return -1;
+    if (m->n_prompt > v->lim->n_ctx)
+        return fail(v, "%s.n_prompt = %" PRIu32 " > n_ctx %" PRIu32, p, m->n_prompt, v->lim->n_ctx);
+    return 0;
+}
+
 int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, size_t errlen) {
     const vctx v = {lim, err, errlen};
     if (env->version != PI2_PROTO_VERSION)
@@ -497,6 +554,9 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
     case PI2__ENVELOPE__BODY_IO_COMPLETE: check = v_io_complete; break;
     case PI2__ENVELOPE__BODY_STATS: check = v_stats; break;
     case PI2__ENVELOPE__BODY_STATS_REQUEST: check = v_nothing; break;
+    case PI2__ENVELOPE__BODY_GENERATE_REQUEST: check = v_generate_request; break;
+    case PI2__ENVELOPE__BODY_TOKEN_PIECE: check = v_token_piece; break;
+    case PI2__ENVELOPE__BODY_GENERATE_DONE: check = v_generate_done; break;
     default: return fail(&v, "Envelope body %d is unknown", (int)env->body_case);
     }
     return check(&v, env);

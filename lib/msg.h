@@ -12,6 +12,8 @@
 #include "pi2.pb-c.h"
 
 #define PI2_PROTO_VERSION 1u
+/* bus type tag (lib/bus.h) of a frame that carries a packed Envelope */
+#define PI2_BUS_MSG 1u
 
 /* Bounds that do not follow from the model or the segments. */
 #define MSG_MAX_FRAME (64u << 20)   /* bytes of one encoded Envelope */
@@ -21,11 +23,14 @@
 #define MSG_MAX_THREADS 1024u
 #define MSG_MAX_IO_READS 65536u     /* reads per IoReadBatch */
 #define MSG_MAX_STATS 1024u
+#define MSG_MAX_PROMPT (64u << 10)  /* GenerateRequest.prompt bytes */
+#define MSG_MAX_PREDICT (1u << 24)  /* GenerateRequest.n_predict */
+#define MSG_MAX_PIECE 256u          /* TokenPiece.piece bytes */
 
 /* The receiver's limits. Every field must be set: a zero limit rejects anything indexed by it. */
 typedef struct {
     uint32_t n_layer, n_ff, n_head, n_ctx;
-    uint32_t n_vocab;                 /* token ids in PrefillRequest */
+    uint32_t n_vocab;                 /* token ids (TokenPiece) */
     uint64_t act_segment_size, weight_segment_size, kv_segment_size;
     uint64_t model_file_size;         /* the file IoRead.file_offset addresses */
     uint64_t slot_size;               /* bytes of one neuron's cache slot (bundle) */

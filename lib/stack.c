@@ -1,6 +1,8 @@
 #include "stack.h"
 
 #include <immintrin.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,6 +74,8 @@ void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint6
 
 int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, char *err, size_t errlen) {
     if (c->magic != STACK_CTL_MAGIC) { snprintf(err, errlen, "control block: bad magic"); return -1; }
+    char resolved[PATH_MAX];
+    if (realpath(model_path, resolved)) model_path = resolved; /* cachemgr stores the canonical path */
     if (c->model_size != model_size || strncmp(c->model_path, model_path, sizeof c->model_path)) {
         snprintf(err, errlen, "the stack runs model '%.200s' (%llu bytes), not '%.200s'", c->model_path,
                  (unsigned long long)c->model_size, model_path);

@@ -91,7 +91,8 @@ typedef struct {
 
 /* Initialise a fresh control block (cachemgr, at creation). */
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size);
-/* Validate an attached control block against the model this process loaded. */
+/* Validate an attached control block against the model this process loaded
+ * (model_path is canonicalised, as cachemgr stores it). */
 int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, char *err, size_t errlen);
 
 /* Find the row named name, or claim a free one; bumps starts, sets pid and state. NULL if the table is full. */

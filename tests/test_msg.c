@@ -51,6 +51,9 @@ typedef struct {
     Pi2__Stat stat[2];
     Pi2__Stat *statp[2];
     Pi2__StatsRequest sr;
+    Pi2__GenerateRequest gr;
+    Pi2__TokenPiece tp;
+    Pi2__GenerateDone gd;
 } fixture;
 
 static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
@@ -63,7 +66,8 @@ static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
     PI2__ENVELOPE__BODY_CACHE_ACQUIRE_REPLY, PI2__ENVELOPE__BODY_CACHE_RELEASE,
     PI2__ENVELOPE__BODY_CACHE_MISS, PI2__ENVELOPE__BODY_IO_READ_BATCH,
     PI2__ENVELOPE__BODY_IO_COMPLETE, PI2__ENVELOPE__BODY_STATS,
-    PI2__ENVELOPE__BODY_STATS_REQUEST,
+    PI2__ENVELOPE__BODY_STATS_REQUEST, PI2__ENVELOPE__BODY_GENERATE_REQUEST,
+    PI2__ENVELOPE__BODY_TOKEN_PIECE, PI2__ENVELOPE__BODY_GENERATE_DONE,
 };
 #define N_BODIES (sizeof ALL_BODIES / sizeof ALL_BODIES[0])
 
@@ -142,8 +146,8 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         pi2__prefill_request__init(&f->pr);
         for (int i = 0; i < 8; i++) f->tokens[i] = 1000u * i + 1;
         f->pr.first_position = 10, f->pr.n_tokens = 8, f->pr.act_offset = 4096;
-        f->pr.act_length = 8 * 4096 * 4, f->pr.n_token_ids = 8, f->pr.token_ids = f->tokens;
-        f->pr.layer_begin = 0, f->pr.layer_end = 32;
+        f->pr.act_length = 8 * 4, f->pr.token_ids = f->tokens; /* n_token_ids 0: ids are in act */
+        f->pr.layer_begin = 0, f->pr.layer_end = 32, f->pr.epoch = 3;
         f->env.prefill_request = &f->pr;
         break;
     case PI2__ENVELOPE__BODY_PREFILL_DONE:
@@ -157,6 +161,7 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         f->dt.layer = 3, f->dt.position = 100, f->dt.in_offset = 0, f->dt.in_length = 16384;
         f->dt.out_offset = 16384, f->dt.out_length = 16384, f->dt.kv_begin = 0, f->dt.kv_end = 101;
         f->dt.head_begin = 0, f->dt.head_end = 16, f->dt.n_clusters = 3, f->dt.clusters = f->clp;
+        f->dt.epoch = 3;
         f->env.decode_task = &f->dt;
         break;
     case PI2__ENVELOPE__BODY_TASK_DONE:
@@ -222,6 +227,26 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         f->sr.reset = 1;
         f->env.stats_request = &f->sr;
         break;
+    case PI2__ENVELOPE__BODY_GENERATE_REQUEST:
+        pi2__generate_request__init(&f->gr);
+        pi2__sampling_params__init(&f->sp);
+        f->sp.temperature = 0.8f, f->sp.top_k = 40, f->sp.top_p = 0.95f, f->sp.seed = 1234;
+        f->gr.prompt.data = (uint8_t *)"Once upon a time", f->gr.prompt.len = 16;
+        f->gr.n_predict = 48, f->gr.sampling = &f->sp, f->gr.ignore_eos = 1;
+        f->env.session = 0; /* the client has no session yet: the coordinator assigns one */
+        f->env.generate_request = &f->gr;
+        break;
+    case PI2__ENVELOPE__BODY_TOKEN_PIECE:
+        pi2__token_piece__init(&f->tp);
+        f->tp.index = 3, f->tp.token = 31999, f->tp.piece.data = (uint8_t *)" time", f->tp.piece.len = 5;
+        f->env.token_piece = &f->tp;
+        break;
+    case PI2__ENVELOPE__BODY_GENERATE_DONE:
+        pi2__generate_done__init(&f->gd);
+        f->gd.n_prompt = 5, f->gd.n_generated = 48, f->gd.prompt_ms = 1.5, f->gd.decode_ms = 80.25;
+        f->gd.status = PI2__GENERATE_STATUS__GEN_LENGTH;
+        f->env.generate_done = &f->gd;
+        break;
     default: break;
     }
 }
@@ -242,7 +267,8 @@ static void test_round_trip(void) {
         Pi2__Envelope *e = msg_unpack(buf, len, err, sizeof err);
         CHECK(e != NULL, "%s unpack: %s", name, err);
         if (!e) continue;
-        CHECK(e->body_case == ALL_BODIES[b] && e->seq == 7 && e->session == 99, "%s header", name);
+        CHECK(e->body_case == ALL_BODIES[b] && e->seq == 7 && e->session == f.env.session,
+              "%s header", name);
         CHECK(msg_validate(e, &LIM, err, sizeof err) == 0, "%s after round trip: %s", name, err);
         /* Re-encoding the decoded message must give the same bytes: no field was lost. */
         CHECK(msg_pack(e, again, sizeof again, &len2) == 0 && len2 == len && !memcmp(buf, again, len),
@@ -279,6 +305,21 @@ static void test_round_trip(void) {
               e->session_start->sampling->top_k == 40 && e->session_start->sampling->top_p == 0.95f,
           "SessionStart fields");
     msg_free(e);
+    fixture_set(&f, PI2__ENVELOPE__BODY_GENERATE_REQUEST);
+    msg_pack(&f.env, buf, sizeof buf, &len);
+    e = msg_unpack(buf, len, err, sizeof err);
+    Pi2__GenerateRequest *g = e ? e->generate_request : NULL;
+    CHECK(g && g->prompt.len == 16 && !memcmp(g->prompt.data, "Once upon a time", 16) &&
+              g->n_predict == 48 && g->ignore_eos && g->sampling && g->sampling->seed == 1234,
+          "GenerateRequest fields");
+    msg_free(e);
+    fixture_set(&f, PI2__ENVELOPE__BODY_GENERATE_DONE);
+    msg_pack(&f.env, buf, sizeof buf, &len);
+    e = msg_unpack(buf, len, err, sizeof err);
+    CHECK(e && e->generate_done->n_generated == 48 && e->generate_done->decode_ms == 80.25 &&
+              e->generate_done->status == PI2__GENERATE_STATUS__GEN_LENGTH,
+          "GenerateDone fields");
+    msg_free(e);
     CHECK(!strcmp(msg_body_name(PI2__ENVELOPE__BODY_DECODE_TASK), "DecodeTask"), "body name");
     CHECK(!strcmp(msg_body_name(PI2__ENVELOPE__BODY__NOT_SET), "none"), "no body name");
     CHECK(!strcmp(msg_body_name((Pi2__Envelope__BodyCase)999), "unknown"), "unknown body name");
@@ -289,6 +330,7 @@ static void test_round_trip(void) {
 static uint32_t many_ids[11009];
 static uint64_t many_slots[11009];
 static char long_string[MSG_MAX_STRING + 2];
+static char long_prompt[MSG_MAX_PROMPT + 1];
 static uint32_t bad_ranges[6];
 static Pi2__IoRead *many_reads[MSG_MAX_IO_READS + 1];
 
@@ -325,17 +367,17 @@ static const char *break_rule(int i, fixture *f) {
     case 24: SET(PREFILL_REQUEST); f->pr.n_tokens = 0; return "PrefillRequest.n_tokens";
     case 25: SET(PREFILL_REQUEST); f->pr.first_position = 4090; return "PrefillRequest.positions = [4090, 4098)";
     case 26: SET(PREFILL_REQUEST); f->pr.first_position = UINT32_MAX; return "PrefillRequest.positions";
-    case 27: SET(PREFILL_REQUEST); f->pr.act_offset = LIM.act_segment_size - 1024; return "PrefillRequest.act_offset/act_length";
+    case 27: SET(PREFILL_REQUEST); f->pr.act_offset = LIM.act_segment_size - 16; return "PrefillRequest.act_offset/act_length";
     case 28: SET(PREFILL_REQUEST); f->pr.act_offset = UINT64_MAX - 3; return "PrefillRequest.act_offset/act_length";
     case 29: SET(PREFILL_REQUEST); f->pr.act_length = 0; return "PrefillRequest.act_offset/act_length";
     case 30: SET(PREFILL_REQUEST); f->pr.act_offset = 2; return "not float-aligned";
     case 31: SET(PREFILL_REQUEST); f->pr.layer_end = 33; return "PrefillRequest.layers";
     case 32: SET(PREFILL_REQUEST); f->pr.layer_begin = 5, f->pr.layer_end = 5; return "PrefillRequest.layers";
-    case 33: SET(PREFILL_REQUEST); f->pr.n_token_ids = 7; return "PrefillRequest.token_ids has 7";
-    case 34: SET(PREFILL_REQUEST); f->tokens[3] = 32000; return "PrefillRequest.token_ids[3] = 32000 >= n_vocab 32000";
-    case 35: SET(PREFILL_REQUEST); f->pr.layer_begin = 1; return "token_ids has 8 entries, expected 0";
+    case 33: SET(PREFILL_REQUEST); f->pr.n_token_ids = 8; return "PrefillRequest.token_ids has 8 entries, expected 0";
+    case 34: SET(PREFILL_REQUEST); f->pr.act_length = 36; return "PrefillRequest.act_length = 36 is not 4 * n_tokens 8";
+    case 35: SET(PREFILL_REQUEST); f->pr.epoch = 0; return "PrefillRequest.epoch must not be 0";
     case 36: SET(PREFILL_DONE); f->pd.layer_end = 33; return "PrefillDone.layer_end";
-    case 37: SET(DECODE_TASK); f->dt.layer = 32; return "DecodeTask.layer = 32 >= n_layer 32";
+    case 37: SET(DECODE_TASK); f->dt.layer = 33; return "DecodeTask.layer = 33 > n_layer 32";
     case 38: SET(DECODE_TASK); f->dt.position = 4096; return "DecodeTask.position = 4096 >= n_ctx 4096";
     case 39: SET(DECODE_TASK); f->dt.in_offset = LIM.act_segment_size; return "DecodeTask.in_offset";
     case 40: SET(DECODE_TASK); f->dt.out_offset = UINT64_MAX - 15; return "DecodeTask.out_offset";
@@ -364,7 +406,7 @@ static const char *break_rule(int i, fixture *f) {
     case 60: SET(TASK_DONE); f->td.worker_id = 0; return "TaskDone.worker_id";
     case 61: SET(TASK_DONE); f->td.status = 0; return "TaskDone.status = 0";
     case 62: SET(TASK_DONE); f->td.status = 7; return "TaskDone.status = 7";
-    case 63: SET(TASK_DONE); f->td.layer = 32; return "TaskDone.layer = 32";
+    case 63: SET(TASK_DONE); f->td.layer = 33; return "TaskDone.layer = 33 > n_layer 32";
     case 64: SET(TASK_DONE); f->td.out_length = LIM.act_segment_size; return "TaskDone.out_offset/out_length";
     case 65: SET(CACHE_ACQUIRE); c0->n_slot_offsets = 4; return "CacheAcquire.clusters[0].slot_offsets must be empty";
     case 66: SET(CACHE_ACQUIRE); c1->layer = 32; return "CacheAcquire.clusters[1].layer = 32";
@@ -382,6 +424,26 @@ static const char *break_rule(int i, fixture *f) {
     case 78: SET(STATS); f->stat[1].name = ""; return "Stats.stats[1].name is empty";
     case 79: SET(STATS); f->stats.n_stats = MSG_MAX_STATS + 1; return "Stats.stats has 1025";
     case 80: SET(DECODE_TASK); f->env.session = 0; return "DecodeTask needs a session";
+    case 81: SET(DECODE_TASK); f->dt.epoch = 0; return "DecodeTask.epoch must not be 0";
+    case 82: SET(DECODE_TASK); f->dt.layer = 32, f->dt.n_clusters = 0; return "the output task) has heads";
+    case 83: SET(DECODE_TASK); f->dt.layer = 32, f->dt.head_end = 0; return "the output task) has heads or clusters";
+    case 84: SET(GENERATE_REQUEST); f->gr.prompt.len = MSG_MAX_PROMPT + 1, f->gr.prompt.data = (uint8_t *)long_prompt;
+        return "GenerateRequest.prompt has 65537 bytes";
+    case 85: SET(GENERATE_REQUEST); f->gr.prompt.data = (uint8_t *)"Once\0upon"; f->gr.prompt.len = 9;
+        return "GenerateRequest.prompt contains a NUL";
+    case 86: SET(GENERATE_REQUEST); f->gr.n_predict = MSG_MAX_PREDICT + 1; return "GenerateRequest.n_predict = 16777217";
+    case 87: SET(GENERATE_REQUEST); f->sp.temperature = -INFINITY; return "GenerateRequest.sampling.temperature";
+    case 88: SET(GENERATE_REQUEST); f->sp.top_p = NAN; return "GenerateRequest.sampling.top_p";
+    case 89: SET(TOKEN_PIECE); f->tp.token = 32000; return "TokenPiece.token = 32000 >= n_vocab 32000";
+    case 90: SET(TOKEN_PIECE); f->tp.piece.len = MSG_MAX_PIECE + 1, f->tp.piece.data = (uint8_t *)long_prompt;
+        return "TokenPiece.piece has 257 bytes";
+    case 91: SET(TOKEN_PIECE); f->env.session = 0; return "TokenPiece needs a session";
+    case 92: SET(GENERATE_DONE); f->gd.status = 0; return "GenerateDone.status = 0";
+    case 93: SET(GENERATE_DONE); f->gd.status = 4; return "GenerateDone.status = 4";
+    case 94: SET(GENERATE_DONE); f->gd.prompt_ms = NAN; return "GenerateDone.prompt_ms";
+    case 95: SET(GENERATE_DONE); f->gd.decode_ms = -1; return "GenerateDone.decode_ms = -1";
+    case 96: SET(GENERATE_DONE); f->gd.n_prompt = 4097; return "GenerateDone.n_prompt = 4097 > n_ctx 4096";
+    case 97: SET(GENERATE_DONE); f->env.session = 0; return "GenerateDone needs a session";
     default: return NULL;
     }
 }
@@ -391,6 +453,7 @@ static void test_validation(void) {
     char err[256];
     for (uint32_t i = 0; i < 11009; i++) many_ids[i] = i, many_slots[i] = 0;
     memset(long_string, '1', sizeof long_string - 1);
+    memset(long_prompt, 'a', sizeof long_prompt);
     int n = 0;
     for (const char *want; (want = break_rule(n, &f)); n++) {
         err[0] = 0;
@@ -409,6 +472,22 @@ static void test_validation(void) {
     fixture_set(&f, PI2__ENVELOPE__BODY_DECODE_TASK);
     f.cl[0].n_neuron_ids = 11000, f.cl[0].neuron_ids = many_ids, f.cl[0].n_slot_offsets = 0;
     CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "11006 neurons rejected: %s", err);
+    /* The output task: layer n_layer, no heads, no clusters, logits-sized output. */
+    fixture_set(&f, PI2__ENVELOPE__BODY_DECODE_TASK);
+    f.dt.layer = LIM.n_layer, f.dt.head_end = 0, f.dt.n_clusters = 0, f.dt.out_length = 32000 * 4;
+    CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "output task rejected: %s", err);
+    fixture_set(&f, PI2__ENVELOPE__BODY_TASK_DONE);
+    f.td.layer = LIM.n_layer;
+    CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "output TaskDone rejected: %s", err);
+    /* The longest prompt, an empty prompt, the last token id, the longest piece. */
+    fixture_set(&f, PI2__ENVELOPE__BODY_GENERATE_REQUEST);
+    f.gr.prompt.len = MSG_MAX_PROMPT, f.gr.prompt.data = (uint8_t *)long_prompt;
+    CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "64 KiB prompt rejected: %s", err);
+    f.gr.prompt.len = 0, f.gr.sampling = NULL;
+    CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "empty prompt rejected: %s", err);
+    fixture_set(&f, PI2__ENVELOPE__BODY_TOKEN_PIECE);
+    f.tp.token = LIM.n_vocab - 1, f.tp.piece.len = MSG_MAX_PIECE, f.tp.piece.data = (uint8_t *)long_prompt;
+    CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "boundary TokenPiece rejected: %s", err);
 }
 
 /* ---- garbage ---------------------------------------------------------------------------- */

@@ -1,0 +1,145 @@
+/* The coordinator of a pi2 stack (docs/stack.md): it owns the tokenizer, the
+ * sampler and the schedule. Workers (DEALERs "cpu-worker.<i>", "npu-worker")
+ * reach it on ROUTER "coordinator", clients (`pi2 run`) on ROUTER "client".
+ * One generation runs at a time; a client arriving meanwhile gets
+ * Error STACK_BUSY. The process is single-threaded: every wait goes through
+ * coord_pump, which serves both sockets, beats the ctl row and checks that
+ * the workers are alive. */
+#ifndef PI2_COORD_H
+#define PI2_COORD_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bus.h"
+#include "model.h"
+#include "msg.h"
+#include "shm.h"
+#include "stack.h"
+#include "tokenizer.h"
+
+#define COORD_DEAD_MS 1000        /* a worker silent on the bus and in its ctl row for this long is lost */
+#define COORD_BEAT_MS 100         /* our ctl row */
+#define COORD_ALIVE_CHECK_MS 20   /* how often the pump re-checks worker liveness */
+#define COORD_MAX_RETRIES 8       /* re-sends of one step before the generation fails */
+
+typedef struct {
+    const char *model_path, *runid;
+    bool no_npu;
+    int task_timeout_ms;    /* no TaskDone/PrefillDone of a running step for this long: re-send it */
+    int worker_wait_ms;     /* how long a generation waits for lost cpu-workers to come back */
+    int npu_wait_ms;        /* ... for a lost npu-worker, before prefilling with decode tasks */
+    int startup_wait_ms;    /* for cachemgr's segments and the weights */
+} coord_options;
+
+/* One worker the stack expects: cpu-worker.<i>, or the npu-worker. */
+typedef struct {
+    char name[32];          /* its DEALER identity and ctl row name */
+    uint32_t worker_id;     /* ours, sent in RegisterAck (never 0) */
+    bool registered;        /* a Register from the process now behind this name */
+    uint32_t pid;           /* from Register */
+    bool alive;             /* last liveness verdict (bus or ctl row within COORD_DEAD_MS) */
+    uint64_t faults;        /* restarts and losses seen: a step it takes part in is re-sent */
+} worker;
+
+/* What the running step waits for. */
+typedef struct {
+    bool active;
+    bool on_npu;                                 /* a PrefillRequest, else DecodeTasks */
+    int n_tasks;                                 /* DecodeTasks per cpu-worker */
+    uint64_t first_seq[STACK_MAX_CPU_WORKERS];   /* Envelope.seq of each worker's layer-0 task */
+    int n_done[STACK_MAX_CPU_WORKERS];           /* TaskDones so far, in layer order */
+    uint64_t prefill_seq;
+    bool prefill_done;
+    bool failed;                                 /* a worker answered TASK_FAILED */
+    int64_t progress_ms;                         /* last completion */
+} step_state;
+
+/* A GenerateRequest accepted while idle, copied out of its message. */
+typedef struct {
+    bool pending;
+    uint8_t client[BUS_PEER_MAX];
+    size_t client_len;
+    char *prompt;           /* NUL-terminated, malloc'ed */
+    uint32_t n_predict;
+    float temp, top_p;
+    int top_k;
+    uint64_t seed;
+    bool ignore_eos;
+} gen_request;
+
+typedef struct {
+    coord_options opt;
+    /* the stack */
+    model m;
+    bool model_loaded;
+    tokenizer *tok;
+    shm_segment *ctl_seg, *weights_seg, *kv_seg, *act_seg;
+    stack_ctl *ctl;
+    proc_row *row;
+    uint8_t *act;
+    act_layout L;
+    stack_params params;
+    msg_limits lim;
+    /* the bus */
+    bus_ctx *bus;
+    bus_socket *workers_sock, *client_sock;
+    struct bus_peers peers;   /* last message from each worker identity */
+    worker cpu[STACK_MAX_CPU_WORKERS];
+    worker npu;
+    /* the schedule */
+    uint32_t epoch;
+    uint64_t faults_at_epoch; /* coord_faults() when epoch was started */
+    uint64_t seq, session;
+    step_state step;
+    gen_request req;
+    bool busy;
+    int64_t next_beat_ms, alive_checked_ms;
+    const volatile sig_atomic_t *stop;
+} coord;
+
+/* segments.c: waits for cachemgr's segments and the weights, loads model and tokenizer. */
+int coord_attach(coord *c);
+void coord_detach(coord *c);
+
+/* bus.c (the event pump): waits up to timeout_ms for messages on both sockets and handles them. */
+int coord_open_bus(coord *c);
+void coord_close_bus(coord *c);
+void coord_pump(coord *c, int timeout_ms);
+/* Packs and sends env to a worker or client identity; fills in version and seq. Returns BUS_OK or < 0. */
+int coord_send(coord *c, bus_socket *s, const void *peer, size_t peer_len, Pi2__Envelope *env);
+
+/* workers.c */
+void workers_init(coord *c);
+void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env);
+void workers_check_alive(coord *c, int64_t now_ms);
+uint64_t coord_faults(const coord *c);
+bool cpu_workers_ready(const coord *c);
+bool npu_ready(const coord *c);
+/* Marks w lost (a send to it failed, or it stalled). */
+void worker_lost(worker *w, const char *why);
+
+/* clients.c */
+void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env);
+/* Answers to the client of the running generation; -1 when it is gone. */
+int client_send_error(coord *c, const uint8_t *peer, size_t peer_len, Pi2__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece, size_t len);
+int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
+                     Pi2__GenerateStatus status);
+void gen_request_clear(gen_request *r);
+
+/* steps.c: one step of the schedule, re-sent after worker faults until it completes.
+ * Return 0, or the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL). */
+int step_decode(coord *c, int32_t token, int pos, bool want_logits);
+/* Prefill tokens[0..n) at positions [pos0, pos0 + n) on the npu-worker (n <= max_prefill).
+ * Returns 0, an ErrorCode, or -1 when the npu-worker did not come back (prefill otherwise). */
+int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0);
+/* Aborts whatever the workers still do for the current epoch. */
+void coord_new_epoch(coord *c);
+
+/* generate.c: serves c->req from tokenization to GenerateDone. */
+void generate_serve(coord *c);
+
+#endif

@@ -1,0 +1,157 @@
+/* One generation, the same loop as pi2-ref's (tools/pi2-ref.c) so that the
+ * stack's output is byte-identical to it: tokenize (BOS as the tokenizer
+ * says), prefill, then sample / stream / decode until n_predict, EOS or a
+ * full context. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coord.h"
+#include "log.h"
+#include "sampler.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* The prompt's positions: on the npu-worker in chunks of max_prefill when it
+ * is up, else (or once it is lost for good) token by token with DecodeTasks. */
+static int prefill(coord *c, const int32_t *tokens, int n) {
+    bool use_npu = !c->opt.no_npu && npu_ready(c);
+    for (int pos = 0; pos < n;) {
+        if (use_npu) {
+            int chunk = n - pos < c->params.max_prefill ? n - pos : c->params.max_prefill;
+            int rc = step_prefill_npu(c, tokens + pos, chunk, pos);
+            if (rc < 0) {
+                log_warn("the npu-worker did not come back: prefilling the rest with decode tasks");
+                use_npu = false;
+                continue;
+            }
+            if (rc) return rc;
+            pos += chunk;
+        } else {
+            int rc = step_decode(c, tokens[pos], pos, pos == n - 1);
+            if (rc) return rc;
+            pos++;
+        }
+    }
+    return 0;
+}
+
+typedef struct {
+    int n_gen;
+    Pi2__GenerateStatus status;
+    bool client_gone;
+} decode_result;
+
+static int decode(coord *c, int n_prompt, decode_result *out) {
+    const gen_request *r = &c->req;
+    int n_vocab = c->m.n_vocab, n_ctx = c->params.n_ctx, eos = tokenizer_eos(c->tok), rc = 0;
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    if (!logits) return PI2__ERROR_CODE__INTERNAL;
+    sampler smp;
+    sampler_init(&smp, r->temp, r->top_k, r->top_p, r->seed);
+    out->status = PI2__GENERATE_STATUS__GEN_LENGTH;
+    for (int pos = n_prompt; out->n_gen < (int)r->n_predict;) {
+        /* the sampler reorders its input: work on a copy of the shared logits */
+        memcpy(logits, c->act + c->L.logits, sizeof(float) * (size_t)n_vocab);
+        int next = sampler_sample(&smp, logits, n_vocab);
+        if (next == eos && !r->ignore_eos) {
+            out->status = PI2__GENERATE_STATUS__GEN_EOS;
+            break;
+        }
+        char piece[MSG_MAX_PIECE];
+        size_t len = tokenizer_piece(c->tok, next, piece, sizeof piece);
+        if (client_send_piece(c, (uint32_t)out->n_gen, next, piece, len)) {
+            out->client_gone = true;
+            break;
+        }
+        out->n_gen++;
+        atomic_fetch_add(&c->row->tokens_served, 1);
+        if (out->n_gen == (int)r->n_predict) break;
+        if (pos >= n_ctx) {
+            out->status = PI2__GENERATE_STATUS__GEN_CONTEXT_FULL;
+            break;
+        }
+        if ((rc = step_decode(c, next, pos++, true))) break;
+    }
+    sampler_free(&smp);
+    free(logits);
+    return rc;
+}
+
+/* Tokenizes the prompt into tokens[0..n_ctx); returns the count, or 0 after answering the client. */
+static int tokenize(coord *c, int32_t *tokens) {
+    int n_ctx = c->params.n_ctx;
+    int n = tokenizer_encode(c->tok, c->req.prompt, tokenizer_adds_bos(c->tok), tokens, n_ctx);
+    if (n < 0) {
+        client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__PROMPT_TOO_LONG,
+                          "the prompt needs more than the stack's context of %d tokens (pi2 up -c N)", n_ctx);
+        return 0;
+    }
+    if (n == 0) {
+        client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__INVALID,
+                          "the prompt is empty and the model adds no BOS: nothing to continue from");
+        return 0;
+    }
+    if ((int64_t)n + c->req.n_predict > (int64_t)n_ctx + 1)
+        log_info("%d prompt + %u new tokens exceed the context of %d: generation stops when it is full", n,
+                 c->req.n_predict, n_ctx);
+    return n;
+}
+
+/* Why the generation stopped with ErrorCode code, for the client and the log. */
+static void error_text(const coord *c, int code, char *buf, size_t len) {
+    switch (code) {
+    case PI2__ERROR_CODE__SHUTTING_DOWN: snprintf(buf, len, "the stack is shutting down"); return;
+    case PI2__ERROR_CODE__WORKER_LOST: break;
+    default: snprintf(buf, len, "a step of the generation kept failing (see the coordinator's log)"); return;
+    }
+    size_t used = (size_t)snprintf(buf, len, "lost");
+    for (int i = 0; i < c->params.n_cpu_workers && used < len; i++)
+        if (!c->cpu[i].registered || !c->cpu[i].alive) used += (size_t)snprintf(buf + used, len - used, " %s", c->cpu[i].name);
+    if (used < len) snprintf(buf + used, len - used, ", not back within %d ms", c->opt.worker_wait_ms);
+}
+
+void generate_serve(coord *c) {
+    gen_request *r = &c->req;
+    r->pending = false;
+    c->busy = true;
+    c->session++;
+    ctl_proc_beat(c->row, PROC_BUSY);
+    log_info("session %llu for '%.*s': %zu-byte prompt, n_predict %u, temp %g, top-k %d, top-p %g, seed %llu%s",
+             (unsigned long long)c->session, (int)r->client_len, (const char *)r->client, strlen(r->prompt),
+             r->n_predict, r->temp, r->top_k, r->top_p, (unsigned long long)r->seed,
+             r->ignore_eos ? ", ignore eos" : "");
+    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)c->params.n_ctx);
+    int n_prompt = tokens ? tokenize(c, tokens) : 0;
+    if (!tokens) client_send_error(c, r->client, r->client_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
+    if (n_prompt > 0) {
+        double t0 = now_ms();
+        decode_result res = {0, PI2__GENERATE_STATUS__GS_UNSPECIFIED, false};
+        int rc = prefill(c, tokens, n_prompt);
+        double t1 = now_ms();
+        if (!rc) rc = decode(c, n_prompt, &res);
+        double t2 = now_ms();
+        if (rc) {
+            char why[256];
+            error_text(c, rc, why, sizeof why);
+            log_error("session %llu: %s", (unsigned long long)c->session, why);
+            client_send_error(c, r->client, r->client_len, rc, "%s", why);
+        } else if (res.client_gone) {
+            log_warn("session %llu: the client left after %d tokens", (unsigned long long)c->session, res.n_gen);
+        } else {
+            client_send_done(c, (uint32_t)n_prompt, (uint32_t)res.n_gen, t1 - t0, t2 - t1, res.status);
+            log_info("session %llu: prompt %d tokens in %.1f ms, %d tokens in %.1f ms (%.2f tok/s)",
+                     (unsigned long long)c->session, n_prompt, t1 - t0, res.n_gen, t2 - t1,
+                     res.n_gen / ((t2 - t1) > 0 ? (t2 - t1) / 1e3 : 1e-9));
+        }
+    }
+    free(tokens);
+    gen_request_clear(r);
+    c->busy = false;
+    ctl_proc_beat(c->row, PROC_READY);
+}

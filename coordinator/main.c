@@ -1,0 +1,118 @@
+/* coordinator: sessions, tokenizer, sampling and the layer-by-layer schedule
+ * of a pi2 stack (docs/stack.md). */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "log.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: a poll returns and the loop sees the flag */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: coordinator -m MODEL.gguf [-r RUNID] [--no-npu] [options]\n"
+            "  -m, --model FILE        the model the stack runs (the same path cachemgr got)\n"
+            "  -r, --run RUNID         stack to join (default: $PI2_RUN, else \"default\")\n"
+            "      --no-npu            prefill with decode tasks even if an npu-worker is up\n"
+            "      --task-timeout MS   re-send a step that makes no progress for MS (default 5000)\n"
+            "      --worker-wait MS    how long a generation waits for lost cpu-workers (default 30000)\n"
+            "      --npu-wait MS       ... for a lost npu-worker before prefilling without it (default 5000)\n"
+            "      --startup-wait MS   for cachemgr's segments and weights (default 300000)\n"
+            "  -h, --help              this help\n"
+            "Binds ROUTER endpoints \"coordinator\" (workers) and \"client\" (pi2 run) in the run directory.\n"
+            "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
+}
+
+static int parse_ms(const char *s, const char *flag, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == 0 || *end || v < 1 || v > 3600000) {
+        log_error("%s: '%s' is not a number of milliseconds in [1, 3600000]", flag, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, coord_options *o) {
+    enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
+        {"no-npu", no_argument, 0, OPT_NO_NPU}, {"task-timeout", required_argument, 0, OPT_TASK_TIMEOUT},
+        {"worker-wait", required_argument, 0, OPT_WORKER_WAIT}, {"npu-wait", required_argument, 0, OPT_NPU_WAIT},
+        {"startup-wait", required_argument, 0, OPT_STARTUP_WAIT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *env_run = getenv("PI2_RUN");
+    *o = (coord_options){.runid = env_run && *env_run ? env_run : "default", .task_timeout_ms = 5000,
+                         .worker_wait_ms = 30000, .npu_wait_ms = 5000, .startup_wait_ms = 300000};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "m:r:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': o->model_path = optarg; break;
+        case 'r': o->runid = optarg; break;
+        case OPT_NO_NPU: o->no_npu = true; break;
+        case OPT_TASK_TIMEOUT: if (parse_ms(optarg, "--task-timeout", &o->task_timeout_ms)) return -1; break;
+        case OPT_WORKER_WAIT: if (parse_ms(optarg, "--worker-wait", &o->worker_wait_ms)) return -1; break;
+        case OPT_NPU_WAIT: if (parse_ms(optarg, "--npu-wait", &o->npu_wait_ms)) return -1; break;
+        case OPT_STARTUP_WAIT: if (parse_ms(optarg, "--startup-wait", &o->startup_wait_ms)) return -1; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (!o->model_path) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    static coord c;
+    if (parse_args(argc, argv, &c.opt)) return 2;
+    /* cachemgr records the canonical path in the control block */
+    static char model_real[PATH_MAX];
+    if (!realpath(c.opt.model_path, model_real)) {
+        log_error("%s: %s", c.opt.model_path, strerror(errno));
+        return 1;
+    }
+    c.opt.model_path = model_real;
+    install_signals();
+    c.stop = &stop_flag;
+    int rc = 1;
+    if (coord_attach(&c) || coord_open_bus(&c)) goto out;
+    workers_init(&c);
+    coord_new_epoch(&c); /* whatever an earlier coordinator left in flight is void */
+    log_info("%s: %d layers, dim %d, vocab %d; ctx %d, %d cpu-worker(s), prefill %s; run '%s'", c.opt.model_path,
+             c.m.n_layer, c.m.n_embd, c.m.n_vocab, c.params.n_ctx, c.params.n_cpu_workers,
+             c.opt.no_npu ? "by decode tasks" : "on the npu-worker when it is up", c.opt.runid);
+    while (!stop_flag) {
+        coord_pump(&c, 100);
+        if (c.req.pending && !stop_flag) generate_serve(&c);
+    }
+    if (c.req.pending)
+        client_send_error(&c, c.req.client, c.req.client_len, PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
+    gen_request_clear(&c.req);
+    log_info("stopping");
+    rc = 0;
+out:
+    if (stop_flag) rc = 0; /* asked to stop while starting: not an error */
+    coord_close_bus(&c);
+    coord_detach(&c);
+    return rc;
+}

@@ -1,0 +1,244 @@
+#include "decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "log.h"
+#include "threadpool.h"
+
+struct decoder {
+    const stack_view *sv;
+    const model *m;
+    const kernels *k;
+    stack_ctl *ctl;
+    threadpool *pool;
+    work_share share;
+    int n_workers, kv_dim;
+    long qh_begin, qh_end;        /* query heads of this worker's KV heads */
+    /* the shared activations (act region) */
+    float *x_layers, *x_mid, *att_out, *hb, *logits;
+    /* private scratch */
+    float *xb;                    /* normalized input, [n_embd] */
+    float *q, *kv_k, *kv_v;       /* [n_embd], [kv_dim], [kv_dim]: only own rows are written */
+    float *proj;                  /* [n_embd]: own rows of Wo / down before the residual add */
+    uint16_t *q16;                /* [n_embd] */
+    float *scores;                /* [n_head][n_ctx], indexed by absolute head as attention_heads wants */
+    uint16_t *probs16;            /* [n_head][n_ctx] */
+    act_vec in;                   /* conversions of the current input, up to max(n_embd, n_ff) */
+};
+
+/* ---- parallel jobs ---- */
+
+/* Rows [r0, r1) of up to three weights over one converted input, split as one range over the pool. */
+typedef struct {
+    const weight *w;
+    float *out;
+    long r0, r1;
+} row_span;
+
+typedef struct {
+    decoder *d;
+    int n;
+    row_span s[3];
+} rows_job;
+
+static void rows_worker(void *ctx, int ith, int nth) {
+    rows_job *j = ctx;
+    long total = 0;
+    for (int i = 0; i < j->n; i++) total += j->s[i].r1 - j->s[i].r0;
+    long begin, end, base = 0;
+    pool_split(total, ith, nth, &begin, &end);
+    for (int i = 0; i < j->n; i++) {
+        const row_span *s = &j->s[i];
+        long rows = s->r1 - s->r0;
+        long lo = begin > base ? begin - base : 0, hi = end - base < rows ? end - base : rows;
+        if (lo < hi) matvec_rows(j->d->k, s->w, &j->d->in, s->out, s->r0 + lo, s->r0 + hi);
+        base += rows;
+    }
+}
+
+static void run_rows(decoder *d, int n, row_span a, row_span b, row_span c) {
+    rows_job j = {d, n, {a, b, c}};
+    pool_run(d->pool, rows_worker, &j);
+}
+
+typedef struct {
+    decoder *d;
+    int layer, pos;
+} layer_job;
+
+static void attention_worker(void *ctx, int ith, int nth) {
+    layer_job *j = ctx;
+    decoder *d = j->d;
+    kv_layer kv = stack_kv_layer(d->sv, j->layer);
+    long h0, h1;
+    pool_split(d->qh_end - d->qh_begin, ith, nth, &h0, &h1);
+    attention_heads(d->k, d->m, &kv, d->q16, j->pos, d->scores, d->probs16, d->att_out, d->qh_begin + h0,
+                    d->qh_begin + h1);
+}
+
+static void ffn_worker(void *ctx, int ith, int nth) {
+    layer_job *j = ctx;
+    decoder *d = j->d;
+    long i0, i1;
+    pool_split(d->share.ff_end - d->share.ff_begin, ith, nth, &i0, &i1);
+    ffn_act_rows(d->k, d->m, &d->m->layers[j->layer], &d->in, d->hb, d->share.ff_begin + i0,
+                 d->share.ff_begin + i1, NULL);
+}
+
+/* ---- the steps ---- */
+
+static void convert(decoder *d, const float *x, int n, const weight *w0, const weight *w1, const weight *w2) {
+    const weight *ws[3] = {w0, w1, w2};
+    act_convert_for(d->k, &d->in, x, n, ws, w2 ? 3 : w1 ? 2 : 1);
+}
+
+static int barrier(decoder *d, uint32_t epoch) {
+    return ctl_barrier_wait(d->ctl, epoch, d->n_workers, DECODE_BARRIER_TIMEOUT_MS);
+}
+
+/* Stores this worker's KV heads at pos. kv_store writes a whole kv_dim
+ * vector, so it gets a view of the cache narrowed to our heads: K row pos
+ * starts at our first head, V columns start at our first head's rows. */
+static void store_own_kv(decoder *d, const kv_layer *kv, int pos) {
+    long hd = d->m->head_dim, c0 = d->share.kvh_begin * hd, c1 = d->share.kvh_end * hd;
+    kv_layer own = {kv->k + (size_t)pos * kv->kv_dim + c0, kv->v + (size_t)c0 * kv->n_ctx + pos, kv->n_ctx,
+                    (int)(c1 - c0)};
+    kv_store(d->k, &own, 0, d->kv_k + c0, d->kv_v + c0);
+}
+
+/* A: own Q/K/V rows, RoPE, KV store, attention for own query heads -> att_out. */
+static void step_attention(decoder *d, int l, int pos) {
+    const model *m = d->m;
+    const layer_weights *w = &m->layers[l];
+    long hd = m->head_dim, q0 = d->qh_begin * hd, q1 = d->qh_end * hd;
+    long c0 = d->share.kvh_begin * hd, c1 = d->share.kvh_end * hd;
+    rmsnorm(d->xb, d->x_layers + (size_t)l * m->n_embd, w->attn_norm, m->n_embd, m->rms_eps);
+    convert(d, d->xb, m->n_embd, &w->wq, &w->wk, &w->wv);
+    run_rows(d, 3, (row_span){&w->wq, d->q, q0, q1}, (row_span){&w->wk, d->kv_k, c0, c1},
+             (row_span){&w->wv, d->kv_v, c0, c1});
+    rope(d->q + q0, (int)(d->qh_end - d->qh_begin), (int)hd, pos, m->rope_base);
+    rope(d->kv_k + c0, (int)(d->share.kvh_end - d->share.kvh_begin), (int)hd, pos, m->rope_base);
+    kv_layer kv = stack_kv_layer(d->sv, l);
+    store_own_kv(d, &kv, pos);
+    d->k->f32_to_f16_row(d->q + q0, d->q16 + q0, (int)(q1 - q0));
+    layer_job j = {d, l, pos};
+    pool_run(d->pool, attention_worker, &j);
+}
+
+/* out[r] = residual[r] + proj[r] over own rows: the reference's x += W.in, element by element. */
+static void add_residual(const decoder *d, float *out, const float *residual) {
+    for (long r = d->share.row_begin; r < d->share.row_end; r++) out[r] = residual[r] + d->proj[r];
+}
+
+/* B: x_mid = x_layers[l] + Wo . att_out, own rows. */
+static void step_attn_output(decoder *d, int l) {
+    const model *m = d->m;
+    const weight *wo = &m->layers[l].wo;
+    convert(d, d->att_out, m->n_embd, wo, NULL, NULL);
+    run_rows(d, 1, (row_span){wo, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
+    add_residual(d, d->x_mid, d->x_layers + (size_t)l * m->n_embd);
+}
+
+/* C: FFN activations of own neurons -> hb. */
+static void step_ffn_act(decoder *d, int l) {
+    const model *m = d->m;
+    const layer_weights *w = &m->layers[l];
+    rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
+    convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
+    layer_job j = {d, l, 0};
+    pool_run(d->pool, ffn_worker, &j);
+}
+
+/* D: x_layers[l + 1] = x_mid + down . hb, own rows. */
+static void step_ffn_down(decoder *d, int l) {
+    const model *m = d->m;
+    const weight *down = &m->layers[l].down;
+    convert(d, d->hb, m->n_ff, down, NULL, NULL);
+    run_rows(d, 1, (row_span){down, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
+    add_residual(d, d->x_layers + (size_t)(l + 1) * m->n_embd, d->x_mid);
+}
+
+static void step_output(decoder *d) {
+    const model *m = d->m;
+    rmsnorm(d->xb, d->x_layers + (size_t)m->n_layer * m->n_embd, m->output_norm, m->n_embd, m->rms_eps);
+    convert(d, d->xb, m->n_embd, &m->output, NULL, NULL);
+    run_rows(d, 1, (row_span){&m->output, d->logits, d->share.vocab_begin, d->share.vocab_end}, (row_span){0},
+             (row_span){0});
+}
+
+int decoder_run(decoder *d, int layer, int pos, uint32_t epoch) {
+    if (layer == d->m->n_layer) {
+        step_output(d);
+        return 0;
+    }
+    step_attention(d, layer, pos);
+    if (barrier(d, epoch)) return -1;
+    step_attn_output(d, layer);
+    if (barrier(d, epoch)) return -1;
+    step_ffn_act(d, layer);
+    if (barrier(d, epoch)) return -1;
+    step_ffn_down(d, layer);
+    return barrier(d, epoch); /* the next layer reads every row of x_layers[layer + 1] */
+}
+
+/* ---- set-up ---- */
+
+static void *alloc_zero(size_t n, size_t size, int *failed) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *failed = 1;
+    return p;
+}
+
+decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
+    decoder *d = calloc(1, sizeof *d);
+    if (!d) { log_error("out of memory"); return NULL; }
+    const model *m = &sv->m;
+    d->sv = sv;
+    d->m = m;
+    d->k = kernels_best();
+    d->ctl = sv->ctl;
+    d->n_workers = sv->ctl->params.n_cpu_workers;
+    d->kv_dim = m->n_head_kv * m->head_dim;
+    work_share_compute(&d->share, m, index, d->n_workers);
+    int group = m->n_head / m->n_head_kv;
+    d->qh_begin = d->share.kvh_begin * group;
+    d->qh_end = d->share.kvh_end * group;
+
+    const act_layout *L = &sv->layout;
+    d->x_layers = stack_act_f32(sv, L->x_layers);
+    d->x_mid = stack_act_f32(sv, L->x_mid);
+    d->att_out = stack_act_f32(sv, L->att_out);
+    d->hb = stack_act_f32(sv, L->hb);
+    d->logits = stack_act_f32(sv, L->logits);
+
+    int bad = 0;
+    size_t n_ctx = (size_t)sv->ctl->params.n_ctx, wide = (size_t)(m->n_ff > m->n_embd ? m->n_ff : m->n_embd);
+    d->pool = pool_new(n_threads);
+    bad |= !d->pool;
+    d->xb = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
+    d->q = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
+    d->kv_k = alloc_zero((size_t)d->kv_dim, sizeof(float), &bad);
+    d->kv_v = alloc_zero((size_t)d->kv_dim, sizeof(float), &bad);
+    d->proj = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
+    d->q16 = alloc_zero((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    d->scores = alloc_zero((size_t)m->n_head * n_ctx, sizeof(float), &bad);
+    d->probs16 = alloc_zero((size_t)m->n_head * n_ctx, sizeof(uint16_t), &bad);
+    d->in.f16 = alloc_zero(wide, sizeof(uint16_t), &bad);
+    d->in.q8 = alloc_zero(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    if (bad) {
+        log_error("out of memory allocating the decoder's scratch");
+        decoder_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void decoder_free(decoder *d) {
+    if (!d) return;
+    pool_free(d->pool);
+    free(d->xb); free(d->q); free(d->kv_k); free(d->kv_v); free(d->proj); free(d->q16);
+    free(d->scores); free(d->probs16); free(d->in.f16); free(d->in.q8);
+    free(d);
+}

@@ -1,0 +1,50 @@
+/* A compute process's view of a running stack: the model (its tensors
+ * pointing into the weights segment), the control block, the KV cache and
+ * the activation region, each attached after waiting for cachemgr to create
+ * it and checked against the sizes this process computes from the model and
+ * the stack parameters. Models with only ffn_down_t (PWRI) are refused.
+ * Shared by cpu-worker and npu-worker (npu-worker/ links the same file). */
+#ifndef PI2_STACK_ATTACH_H
+#define PI2_STACK_ATTACH_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "msg.h"
+#include "ops.h"
+#include "shm.h"
+#include "stack.h"
+
+/* How long a process waits for cachemgr's segments and for the weights. */
+#define STACK_WAIT_MS 120000
+
+typedef struct {
+    model m;
+    bool model_loaded;
+    shm_segment *ctl_seg, *weights_seg, *kv_seg, *act_seg;
+    stack_ctl *ctl;
+    uint64_t weights_bytes;
+    uint16_t *k, *v;       /* KV regions, kv_region_bytes(m, n_ctx) each */
+    uint64_t kv_bytes;
+    uint8_t *act;          /* the "act" region */
+    uint64_t act_bytes;
+    act_layout layout;
+} stack_view;
+
+/* Loads the model, waits (polling until STACK_WAIT_MS, or until *stop) for
+ * the segments of runid and for weights_ready, and rebases the model into
+ * the weights segment. Returns 0, or -1 after logging why. */
+int stack_view_open(stack_view *s, const char *model_path, const char *runid, const volatile sig_atomic_t *stop);
+void stack_view_close(stack_view *s);
+
+/* Layer l's slice of the shared KV cache. */
+kv_layer stack_kv_layer(const stack_view *s, int l);
+/* The float array at a byte offset of the act region (offsets come from s->layout
+ * or from a validated message). */
+float *stack_act_f32(const stack_view *s, uint64_t offset);
+/* The limits msg_validate checks this process's messages against. */
+void stack_msg_limits(const stack_view *s, msg_limits *lim);
+
+#endif

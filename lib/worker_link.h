@@ -1,0 +1,55 @@
+/* A worker's tie to the rest of the stack: its DEALER socket to the
+ * coordinator (Register, Heartbeat, validated receive), its row in the
+ * control block (beaten from a thread of its own, so a worker that waits in
+ * a barrier or computes a long prefill still shows alive), and the stop flag
+ * set by SIGTERM/SIGINT. Shared by cpu-worker and npu-worker. */
+#ifndef PI2_WORKER_LINK_H
+#define PI2_WORKER_LINK_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bus.h"
+#include "msg.h"
+#include "stack.h"
+
+#define WORKER_BEAT_MS 100       /* ctl row: well inside the 200 ms the supervisor expects */
+#define WORKER_HEARTBEAT_MS 200  /* Heartbeat message to the coordinator */
+
+/* Set by SIGTERM / SIGINT once worker_signals_install ran. */
+extern volatile sig_atomic_t worker_stop;
+void worker_signals_install(void);
+
+typedef struct {
+    bus_ctx *ctx;
+    bus_socket *sock;
+    proc_row *row;
+    uint32_t worker_id;          /* the coordinator's, from RegisterAck; index + 1 until then */
+    uint64_t seq;
+    bool send_failing;           /* the last send failed (logged once per outage) */
+    struct bus_ticker ticker;
+    _Atomic uint32_t state;      /* enum proc_state, published by the beat thread */
+    _Atomic bool beat_stop;
+    pthread_t beat_thread;
+    bool beat_running;
+} worker_link;
+
+/* Claims the ctl row `name`, starts beating it, connects DEALER `name` to the
+ * coordinator endpoint of runid and sends Register. Returns 0 or -1 (logged). */
+int worker_link_open(worker_link *w, stack_ctl *ctl, const char *runid, const char *name, Pi2__ProcessKind kind,
+                     uint32_t index, uint32_t threads);
+void worker_link_close(worker_link *w);
+
+void worker_link_set_state(worker_link *w, enum proc_state st);
+/* Sends env (its version and seq are filled in); returns the seq used, 0 on failure (logged). */
+uint64_t worker_link_send(worker_link *w, Pi2__Envelope *env);
+/* Sends a Heartbeat if one is due. Cheap; call it often. */
+void worker_link_heartbeat(worker_link *w);
+/* The next valid message for the caller, or NULL (timeout, signal, or a
+ * message dropped with a WARN). RegisterAck and Shutdown are handled here. */
+Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeout_ms);
+
+#endif

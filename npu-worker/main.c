@@ -1,0 +1,203 @@
+/* npu-worker: dense prefill for the coordinator (docs/stack.md, "Prefill"):
+ * a PrefillRequest names prompt tokens in act.tokens; the worker runs them
+ * through every layer as blocked matrix products, fills the KV cache for
+ * their positions and leaves the last token's logits in act.logits. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "prefill.h"
+#include "stack_attach.h"
+#include "worker_link.h"
+
+typedef struct {
+    const char *model_path, *runid;
+    int n_threads;
+    long task_delay_us; /* PI2_TASK_DELAY_US: fault-injection aid */
+} options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: npu-worker -m MODEL.gguf [-r RUNID] [-t THREADS]\n"
+            "Prefill worker of the pi2 stack RUNID: runs whole prompts layer by layer as blocked\n"
+            "matrix products and fills the KV cache.\n"
+            "  -m, --model FILE     the GGUF model the stack runs (as given to cachemgr)\n"
+            "  -r, --run ID         run id (default $PI2_RUN or \"default\")\n"
+            "  -t, --threads N      compute threads (default 2)\n"
+            "  -h, --help           this help\n"
+            "Waits up to %d s for cachemgr's segments and weights.\n"
+            "Environment: PI2_LOG=debug|info|warn|error, PI2_TASK_DELAY_US=N (sleep N us per request)\n",
+            STACK_WAIT_MS / 1000);
+}
+
+static int parse_long(const char *s, const char *what, long lo, long hi, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == 0 || *end || v < lo || v > hi) {
+        log_error("%s: '%s' is not an integer in [%ld, %ld]", what, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
+                                             {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *env_run = getenv("PI2_RUN");
+    *o = (options){.runid = env_run && *env_run ? env_run : "default", .n_threads = 2};
+    long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:r:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model_path = optarg; break;
+        case 'r': o->runid = optarg; break;
+        case 't': if (parse_long(optarg, "-t", 1, 256, &v)) return -1; o->n_threads = (int)v; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (!o->model_path) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    const char *delay = getenv("PI2_TASK_DELAY_US");
+    if (delay && *delay && parse_long(delay, "PI2_TASK_DELAY_US", 0, 60000000, &o->task_delay_us)) return -1;
+    return 0;
+}
+
+static uint64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+typedef struct {
+    const options *o;
+    stack_view *sv;
+    worker_link *link;
+    prefiller *pf;
+    int32_t *tokens; /* private copy of the request's ids, [max_prefill] */
+} worker;
+
+static void send_error(worker *w, const Pi2__Envelope *req, Pi2__ErrorCode code, const char *why) {
+    log_warn("PrefillRequest %llu refused: %s", (unsigned long long)req->seq, why);
+    Pi2__Error e = PI2__ERROR__INIT;
+    e.code = code;
+    e.message = (char *)why;
+    e.ref_seq = req->seq;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, req->session);
+    env.body_case = PI2__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    worker_link_send(w->link, &env);
+}
+
+/* Copies the ids out of act.tokens (the coordinator may reuse the region) and checks each. */
+static int read_tokens(worker *w, const Pi2__PrefillRequest *r, char *why, size_t len) {
+    const stack_view *sv = w->sv;
+    int max = sv->ctl->params.max_prefill;
+    if (r->n_tokens > (uint32_t)max) {
+        snprintf(why, len, "n_tokens %u > max_prefill %d", r->n_tokens, max);
+        return -1;
+    }
+    memcpy(w->tokens, sv->act + r->act_offset, (size_t)r->n_tokens * sizeof(int32_t)); /* span validated */
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        if (w->tokens[i] < 0 || w->tokens[i] >= sv->m.n_vocab) {
+            snprintf(why, len, "token %u = %d is not in [0, n_vocab %d)", i, w->tokens[i], sv->m.n_vocab);
+            return -1;
+        }
+    return 0;
+}
+
+static void tick(void *ctx) { worker_link_heartbeat(ctx); }
+
+static void run_prefill(worker *w, const Pi2__Envelope *req) {
+    const Pi2__PrefillRequest *r = req->prefill_request;
+    const model *m = &w->sv->m;
+    uint32_t current = (uint32_t)atomic_load(&w->sv->ctl->epoch);
+    if (r->epoch != current) {
+        log_info("dropped a prefill of epoch %u (now %u)", r->epoch, current);
+        return;
+    }
+    char why[160];
+    if (r->layer_begin != 0 || r->layer_end != (uint32_t)m->n_layer) {
+        snprintf(why, sizeof why, "layers [%u, %u): this worker prefills all %d layers at once", r->layer_begin,
+                 r->layer_end, m->n_layer);
+        send_error(w, req, PI2__ERROR_CODE__UNSUPPORTED, why);
+        return;
+    }
+    if (read_tokens(w, r, why, sizeof why)) {
+        send_error(w, req, PI2__ERROR_CODE__INVALID, why);
+        return;
+    }
+    if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
+    worker_link_set_state(w->link, PROC_BUSY);
+    uint64_t t0 = now_us();
+    int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, w->link);
+    uint64_t took = now_us() - t0;
+    worker_link_set_state(w->link, PROC_READY);
+    if (rc) {
+        log_info("prefill of %u tokens abandoned: epoch %u ended", r->n_tokens, r->epoch);
+        return;
+    }
+    log_info("prefilled %u tokens at positions %u.. in %.1f ms (%.1f tok/s)", r->n_tokens, r->first_position,
+             took / 1e3, r->n_tokens / (took / 1e6 + 1e-9));
+    atomic_fetch_add(&w->link->row->tokens_served, r->n_tokens);
+    Pi2__PrefillDone done = PI2__PREFILL_DONE__INIT;
+    done.request_seq = req->seq;
+    done.layer_end = r->layer_end;
+    done.time_us = took;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, req->session);
+    env.body_case = PI2__ENVELOPE__BODY_PREFILL_DONE;
+    env.prefill_done = &done;
+    worker_link_send(w->link, &env);
+}
+
+static void serve(worker *w) {
+    msg_limits lim;
+    stack_msg_limits(w->sv, &lim);
+    while (!worker_stop) {
+        worker_link_heartbeat(w->link);
+        Pi2__Envelope *env = worker_link_recv(w->link, &lim, WORKER_HEARTBEAT_MS / 2);
+        if (!env) continue;
+        if (env->body_case == PI2__ENVELOPE__BODY_PREFILL_REQUEST) run_prefill(w, env);
+        else log_warn("ignored a %s message (an npu-worker takes PrefillRequest)", msg_body_name(env->body_case));
+        msg_free(env);
+    }
+}
+
+
+int main(int argc, char **argv) {
+    log_init(argv[0]);
+    options o;
+    if (parse_args(argc, argv, &o)) return 2;
+    worker_signals_install();
+    stack_view sv;
+    if (stack_view_open(&sv, o.model_path, o.runid, &worker_stop)) return worker_stop ? 0 : 1;
+    int status = 1;
+    worker_link link = {0};
+    prefiller *pf = NULL;
+    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)sv.ctl->params.max_prefill);
+    if (!tokens) { log_error("out of memory"); goto out; }
+    if (!(pf = prefiller_new(&sv, o.n_threads))) goto out;
+    if (worker_link_open(&link, sv.ctl, o.runid, "npu-worker", PI2__PROCESS_KIND__NPU, 0, (uint32_t)o.n_threads))
+        goto out;
+    worker_link_set_state(&link, PROC_READY);
+    log_info("npu-worker ready: %d thread%s, up to %d tokens per prefill", o.n_threads, o.n_threads == 1 ? "" : "s",
+             sv.ctl->params.max_prefill);
+    worker w = {&o, &sv, &link, pf, tokens};
+    serve(&w);
+    log_info("stopping");
+    status = 0;
+out:
+    worker_link_close(&link);
+    prefiller_free(pf);
+    free(tokens);
+    stack_view_close(&sv);
+    return status;
+}

@@ -1,0 +1,27 @@
+/* Dense prefill of a prompt (docs/stack.md, "Prefill"): all tokens through
+ * every layer, weights x tokens as blocked products (gemm.h), the KV cache
+ * written for every prompt position, and the last token's residual and
+ * logits left in the act region for the coordinator to sample from. The
+ * batch's hidden states stay in this process's memory. */
+#ifndef PI2_PREFILL_H
+#define PI2_PREFILL_H
+
+#include <stdint.h>
+
+#include "stack_attach.h"
+
+typedef struct prefiller prefiller;
+
+/* Scratch for up to the stack's max_prefill tokens, allocated once. NULL on failure (logged). */
+prefiller *prefiller_new(const stack_view *sv, int n_threads);
+void prefiller_free(prefiller *p);
+
+/* Called between layers (the caller's heartbeat); may be NULL. */
+typedef void (*prefill_tick)(void *ctx);
+
+/* tokens[0..n) (ids < n_vocab, n <= max_prefill) at positions first, first+1, ...
+ * Returns 0, or -1 if the control block's epoch left `epoch` (abandoned). */
+int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,
+                  void *tick_ctx);
+
+#endif
