@@ -36,8 +36,9 @@ TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIBPI2    := $(BUILD)/libpi2.a
 
 # SIMD kernels are compiled per file for their ISA and chosen at run time.
-$(BUILD)/lib/kernels_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
-$(BUILD)/lib/kernels_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+# Any lib/*_avx2.c / lib/*_avx512.c file gets its ISA's flags.
+$(BUILD)/lib/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
+$(BUILD)/lib/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
 .PHONY: all test asan demo deps check-deps clean bench
 .SECONDARY:
