@@ -97,18 +97,23 @@ int64_t ctl_now_ms(void) {
 }
 
 proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid) {
-    proc_row *free_row = NULL;
-    for (int i = 0; i < STACK_MAX_PROCS; i++) {
-        proc_row *r = &c->procs[i];
-        if (!strncmp(r->name, name, sizeof r->name)) { free_row = r; break; }
-        if (!r->name[0] && !free_row) free_row = r;
+    proc_row *row = NULL;
+    for (int i = 0; i < STACK_MAX_PROCS && !row; i++) /* a restarted process takes its old row */
+        if (!strncmp(c->procs[i].name, name, sizeof c->procs[i].name)) row = &c->procs[i];
+    for (int i = 0; i < STACK_MAX_PROCS && !row; i++) {
+        /* a free row is taken by swapping its pid from 0, so two processes
+         * starting at once never share one; the name is written after */
+        int32_t none = 0;
+        if (!c->procs[i].name[0] && atomic_compare_exchange_strong(&c->procs[i].pid, &none, pid)) {
+            row = &c->procs[i];
+            snprintf(row->name, sizeof row->name, "%s", name);
+        }
     }
-    if (!free_row) return NULL;
-    if (strncmp(free_row->name, name, sizeof free_row->name)) snprintf(free_row->name, sizeof free_row->name, "%s", name);
-    atomic_store(&free_row->pid, pid);
-    atomic_fetch_add(&free_row->starts, 1);
-    ctl_proc_beat(free_row, PROC_STARTING);
-    return free_row;
+    if (!row) return NULL;
+    atomic_store(&row->pid, pid);
+    atomic_fetch_add(&row->starts, 1);
+    ctl_proc_beat(row, PROC_STARTING);
+    return row;
 }
 
 void ctl_proc_beat(proc_row *r, enum proc_state st) {

@@ -1,0 +1,293 @@
+/* Sparse kernel tests. For every kernel set this CPU can run, on random rows of
+ * every weight type and many lengths, with index sets that are empty, one row
+ * (the last one, ending exactly at the end of its allocation, so ASan sees any
+ * read past a row), all rows in order, all rows shuffled and random subsets:
+ *   - gather dot equals the dense dot of its matching kernels.h set bit for bit,
+ *     and the fused gate+up form equals two plain gathers;
+ *   - every ISA's dot is within the summation-order bound of the scalar one,
+ *     and the scalar one within the rounding bound of a double reference;
+ *   - gather axpy is bit-exact with the scalar one (a fixed fma order), and the
+ *     scalar one is within the rounding bound of a double reference of y + W^T h.
+ * Rows sit at unaligned addresses, and with a padded stride the padding holds
+ * NaN bytes, so a kernel that reads outside its rows changes the results. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f16.h"
+#include "kernels.h"
+#include "sparse_kernels.h"
+#include "test.h"
+
+#define UNIT_ROUNDOFF 0x1p-24 /* float's unit roundoff */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rng_u32(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rng_uniform(void) { return (float)(rng_u32() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
+/* values spread over several orders of magnitude, like real weights and activations */
+static float rng_value(void) { return rng_uniform() * ldexpf(1.0f, (int)(rng_u32() % 8) - 4); }
+
+/* A matrix of `rows` rows in an allocation that ends exactly where its last row ends. */
+typedef struct {
+    uint32_t type;
+    int n, rows;
+    size_t row_bytes, stride;
+    unsigned char *alloc;
+    const char *base;  /* alloc + an unaligned lead */
+    double *dequant;   /* rows x n, the weights as the kernels see them */
+} matrix;
+
+static matrix make_matrix(uint32_t type, int n, int rows, size_t pad) {
+    matrix m = {.type = type, .n = n, .rows = rows, .row_bytes = ggml_row_bytes(type, (uint64_t)n)};
+    m.stride = m.row_bytes + pad;
+    const size_t lead = type == GGML_TYPE_F32 ? 4 : 2; /* off 16-byte alignment, legal for the type */
+    m.alloc = malloc(lead + (size_t)(rows - 1) * m.stride + m.row_bytes);
+    m.dequant = malloc((size_t)rows * (size_t)(n ? n : 1) * sizeof(double));
+    m.base = (const char *)m.alloc + lead;
+    memset(m.alloc, 0xff, lead + (size_t)(rows - 1) * m.stride + m.row_bytes); /* NaN in any padding */
+    float *src = malloc((size_t)(n ? n : 1) * sizeof *src), *back = malloc((size_t)(n ? n : 1) * sizeof *back);
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < n; i++) src[i] = rng_value();
+        void *row = m.alloc + lead + (size_t)r * m.stride;
+        quantize_row(type, src, row, n);
+        dequantize_row(type, row, back, n);
+        for (int i = 0; i < n; i++) m.dequant[(size_t)r * (size_t)n + (size_t)i] = back[i];
+    }
+    free(src);
+    free(back);
+    return m;
+}
+
+static void free_matrix(matrix *m) {
+    free(m->alloc);
+    free(m->dequant);
+}
+
+static const void *row_ptr(const matrix *m, int r) { return m->base + (size_t)r * m->stride; }
+
+/* The activation converted for the weight type, and its values as the dots see them. */
+typedef struct {
+    void *conv;
+    double *values;
+} activation;
+
+static activation make_activation(uint32_t type, int n) {
+    activation a = {malloc((size_t)(n ? n : 1) * sizeof(float)), malloc((size_t)(n ? n : 1) * sizeof(double))};
+    float *x = malloc((size_t)(n ? n : 1) * sizeof *x), *back = malloc((size_t)(n ? n : 1) * sizeof *back);
+    for (int i = 0; i < n; i++) x[i] = rng_value();
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
+        kernels_scalar()->quantize_q8_0(x, a.conv, n);
+        dequantize_row(GGML_TYPE_Q8_0, a.conv, back, n);
+    } else {
+        const uint32_t xtype = type == GGML_TYPE_F16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        quantize_row(xtype, x, a.conv, n);
+        dequantize_row(xtype, a.conv, back, n);
+    }
+    for (int i = 0; i < n; i++) a.values[i] = back[i];
+    free(x);
+    free(back);
+    return a;
+}
+
+static void free_activation(activation *a) {
+    free(a->conv);
+    free(a->values);
+}
+
+static float dense_dot(const kernels *k, uint32_t type, const void *row, const void *x, int n) {
+    switch (type) {
+    case GGML_TYPE_F32: return k->dot_f32(row, x, n);
+    case GGML_TYPE_F16: return k->dot_f16(row, x, n);
+    case GGML_TYPE_Q8_0: return k->dot_q8_0(row, x, n);
+    default: return k->dot_q4_0(row, x, n);
+    }
+}
+
+/* terms a float summation of the dot adds up: one per element, or one per block */
+static int dot_terms(uint32_t type, int n) { return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 ? n / 32 : n; }
+
+/* ---- index sets ---- */
+
+enum { SET_EMPTY, SET_LAST, SET_ALL, SET_SHUFFLED, SET_SUBSET, SET_KINDS };
+static const char *const set_names[SET_KINDS] = {"empty", "last row", "all", "all shuffled", "random subset"};
+
+/* fills idx, returns the count; indices never repeat */
+static int make_index_set(int kind, int rows, int32_t *idx) {
+    for (int r = 0; r < rows; r++) idx[r] = r;
+    switch (kind) {
+    case SET_EMPTY: return 0;
+    case SET_LAST: idx[0] = rows - 1; return 1;
+    case SET_ALL: return rows;
+    default:
+        for (int r = rows - 1; r > 0; r--) {
+            const int j = (int)(rng_u32() % (uint32_t)(r + 1));
+            const int32_t t = idx[r];
+            idx[r] = idx[j];
+            idx[j] = t;
+        }
+        return kind == SET_SHUFFLED ? rows : 1 + (int)(rng_u32() % (uint32_t)rows);
+    }
+}
+
+/* ---- checks ---- */
+
+static const sparse_kernels *sets[3];
+static int nsets;
+
+static void check_dots(const matrix *a, const matrix *b, const activation *x, const int32_t *idx, int count,
+                       const char *what) {
+    const int n = a->n;
+    float *ref = malloc(((size_t)count + 1) * sizeof *ref);
+    sparse_kernels_for_type(sparse_kernels_scalar(), a->type)->dot(a->base, a->stride, idx, count, x->conv, n, ref);
+
+    /* the scalar reference against double arithmetic */
+    int bad_scalar = 0;
+    for (int k = 0; k < count; k++) {
+        double exact = 0, magnitude = 0;
+        for (int i = 0; i < n; i++) {
+            const double t = a->dequant[(size_t)idx[k] * (size_t)n + (size_t)i] * x->values[i];
+            exact += t;
+            magnitude += fabs(t);
+        }
+        bad_scalar += !(fabs(ref[k] - exact) <= (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+    }
+    CHECK(bad_scalar == 0, "%s: %d scalar gather dots off the double reference", what, bad_scalar);
+
+    for (int s = 0; s < nsets; s++) {
+        const sparse_type_kernels *sk = sparse_kernels_for_type(sets[s], a->type);
+        const kernels *dense = sparse_kernels_dense_match(sets[s]);
+        float *out = malloc(((size_t)count + 1) * sizeof *out), *out_a = malloc(((size_t)count + 1) * sizeof *out);
+        float *out_b = malloc(((size_t)count + 1) * sizeof *out);
+        out[count] = out_a[count] = out_b[count] = 12345.0f; /* must stay untouched */
+        sk->dot(a->base, a->stride, idx, count, x->conv, n, out);
+        sk->dot2(a->base, b->base, a->stride, idx, count, x->conv, n, out_a, out_b);
+
+        int not_dense = 0, not_fused = 0, off_scalar = 0;
+        for (int k = 0; k < count; k++) {
+            not_dense += out[k] != dense_dot(dense, a->type, row_ptr(a, idx[k]), x->conv, n);
+            not_fused += out_a[k] != out[k] ||
+                         out_b[k] != dense_dot(dense, b->type, row_ptr(b, idx[k]), x->conv, n);
+            /* both sums are within (terms + 2) u sum|w x| of the exact value */
+            double magnitude = 0;
+            for (int i = 0; i < n; i++)
+                magnitude += fabs(a->dequant[(size_t)idx[k] * (size_t)n + (size_t)i] * x->values[i]);
+            off_scalar += !(fabs((double)out[k] - ref[k]) <=
+                            2 * (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+        }
+        CHECK(not_dense == 0, "%s %s: %d of %d gather dots differ from the dense dot", what, sets[s]->name,
+              not_dense, count);
+        CHECK(not_fused == 0, "%s %s: %d of %d fused gate/up dots differ", what, sets[s]->name, not_fused, count);
+        CHECK(off_scalar == 0, "%s %s: %d of %d dots off the scalar ones", what, sets[s]->name, off_scalar, count);
+        CHECK(out[count] == 12345.0f && out_a[count] == 12345.0f && out_b[count] == 12345.0f,
+              "%s %s: wrote past count outputs", what, sets[s]->name);
+        free(out);
+        free(out_a);
+        free(out_b);
+    }
+    free(ref);
+}
+
+static void check_axpy(const matrix *m, const int32_t *idx, int count, const char *what) {
+    const int n = m->n;
+    float *coef = malloc(((size_t)count + 1) * sizeof *coef), *y0 = malloc(((size_t)n + 1) * sizeof *y0);
+    for (int k = 0; k < count; k++) coef[k] = rng_value();
+    for (int i = 0; i < n; i++) y0[i] = rng_value();
+    float *ref = malloc(((size_t)n + 1) * sizeof *ref);
+    memcpy(ref, y0, (size_t)n * sizeof *ref);
+    sparse_kernels_for_type(sparse_kernels_scalar(), m->type)->axpy(m->base, m->stride, idx, coef, count, ref, n);
+
+    /* the scalar reference against y0 + W^T coef in double: each term carries
+     * the rounding of its coef * d (for blocks) and of its fma */
+    int bad_scalar = 0;
+    for (int i = 0; i < n; i++) {
+        double exact = y0[i], magnitude = fabs(y0[i]);
+        for (int k = 0; k < count; k++) {
+            const double t = (double)coef[k] * m->dequant[(size_t)idx[k] * (size_t)n + (size_t)i];
+            exact += t;
+            magnitude += fabs(t);
+        }
+        bad_scalar += !(fabs(ref[i] - exact) <= 2 * (count + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+    }
+    CHECK(bad_scalar == 0, "%s: %d of %d scalar axpy outputs off the double reference", what, bad_scalar, n);
+    if (count == 0) CHECK(memcmp(ref, y0, (size_t)n * sizeof *ref) == 0, "%s: empty axpy changed y", what);
+
+    for (int s = 0; s < nsets; s++) {
+        float *y = malloc(((size_t)n + 1) * sizeof *y);
+        memcpy(y, y0, (size_t)n * sizeof *y);
+        y[n] = 12345.0f;
+        sparse_kernels_for_type(sets[s], m->type)->axpy(m->base, m->stride, idx, coef, count, y, n);
+        int differ = 0;
+        for (int i = 0; i < n; i++) differ += memcmp(&y[i], &ref[i], sizeof *y) != 0;
+        CHECK(differ == 0, "%s %s: %d of %d axpy outputs differ from the scalar ones", what, sets[s]->name, differ,
+              n);
+        CHECK(y[n] == 12345.0f, "%s %s: axpy wrote past y[n-1]", what, sets[s]->name);
+        free(y);
+    }
+    free(coef);
+    free(y0);
+    free(ref);
+}
+
+static void test_type(uint32_t type, const int *lengths, int nlengths) {
+    const int rows = 37; /* two full groups of 16 lanes and a partial one */
+    for (int li = 0; li < nlengths; li++) {
+        const int n = lengths[li];
+        for (int padded = 0; padded < 2; padded++) {
+            const size_t pad = padded ? (type == GGML_TYPE_F32 ? 12 : 46) : 0;
+            matrix a = make_matrix(type, n, rows, pad), b = make_matrix(type, n, rows, pad);
+            activation x = make_activation(type, n);
+            int32_t idx[37];
+            for (int kind = 0; kind < SET_KINDS; kind++) {
+                const int count = make_index_set(kind, rows, idx);
+                char what[128];
+                snprintf(what, sizeof what, "%s n=%d %s, %s (%d rows)", ggml_type_name(type), n,
+                         padded ? "padded stride" : "packed rows", set_names[kind], count);
+                check_dots(&a, &b, &x, idx, count, what);
+                check_axpy(&a, idx, count, what);
+            }
+            free_activation(&x);
+            free_matrix(&a);
+            free_matrix(&b);
+        }
+    }
+}
+
+static void test_dispatch(void) {
+    CHECK(strcmp(sparse_kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar chose %s",
+          sparse_kernels_best()->name);
+    CHECK(sparse_kernels_for_type(sparse_kernels_scalar(), 6) == NULL, "a Q5_0 table");
+    CHECK((sparse_kernels_avx2() != NULL) == (kernels_avx2() != NULL), "avx2 sparse set offered iff the dense one");
+    CHECK((sparse_kernels_avx512() != NULL) == (kernels_avx512_exact() != NULL),
+          "avx512 sparse set offered iff the dense one");
+    const sparse_kernels *all[3] = {sparse_kernels_scalar(), sparse_kernels_avx2(), sparse_kernels_avx512()};
+    for (int i = 0; i < 3; i++)
+        if (all[i])
+            CHECK(strncmp(sparse_kernels_dense_match(all[i])->name, all[i]->name, strlen(all[i]->name)) == 0,
+                  "%s matches the dense %s set", all[i]->name, sparse_kernels_dense_match(all[i])->name);
+}
+
+int main(void) {
+    setenv("PI2_KERNELS", "scalar", 1); /* before any kernel table is chosen */
+    test_dispatch();
+
+    sets[nsets++] = sparse_kernels_scalar();
+    if (sparse_kernels_avx2()) sets[nsets++] = sparse_kernels_avx2();
+    if (sparse_kernels_avx512()) sets[nsets++] = sparse_kernels_avx512();
+    if (nsets < 3) fprintf(stderr, "note: this CPU runs only %d of the 3 kernel sets\n", nsets);
+
+    const int quant_lengths[] = {32, 64, 96, 160, 512, 544, 4096};
+    const int float_lengths[] = {0, 1, 7, 31, 33, 63, 64, 65, 127, 257, 1000, 4097};
+    const int nq = (int)(sizeof quant_lengths / sizeof *quant_lengths);
+    const int nf = (int)(sizeof float_lengths / sizeof *float_lengths);
+    test_type(GGML_TYPE_F32, float_lengths, nf);
+    test_type(GGML_TYPE_F16, float_lengths, nf);
+    test_type(GGML_TYPE_Q8_0, quant_lengths, nq);
+    test_type(GGML_TYPE_Q4_0, quant_lengths, nq);
+    return test_summary();
+}
