@@ -25,6 +25,9 @@ struct engine {
     float *down_partial; /* [n_threads][n_embd], for neuron-major down_t */
     act_vec in;          /* conversion buffers sized for max(n_embd, n_ff) */
     uint32_t *fire_counts;
+    ffn_observer observer;
+    void *observer_ctx;
+    float *gate_pre;     /* [n_ff], allocated when an observer is set */
 };
 
 static void *xcalloc(size_t n, size_t size, int *failed) {
@@ -34,12 +37,17 @@ static void *xcalloc(size_t n, size_t size, int *failed) {
 }
 
 engine *engine_new(const model *m, int n_threads, int n_ctx, char *err, size_t errlen) {
+    return engine_new_with_kernels(m, kernels_best(), n_threads, n_ctx, err, errlen);
+}
+
+engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads, int n_ctx, char *err,
+                                size_t errlen) {
     if (n_ctx <= 0) n_ctx = m->n_ctx_train;
     if (n_ctx > (1 << 22)) n_ctx = 1 << 22;
     engine *e = calloc(1, sizeof *e);
     if (!e) { snprintf(err, errlen, "out of memory"); return NULL; }
     e->m = m;
-    e->k = kernels_best();
+    e->k = k;
     e->n_ctx = n_ctx;
     e->kv_dim = m->n_head_kv * m->head_dim;
     e->pool = pool_new(n_threads);
@@ -76,12 +84,18 @@ void engine_free(engine *e) {
     free(e->k_cache); free(e->v_cache);
     free(e->x); free(e->xb); free(e->q); free(e->kv_k); free(e->kv_v); free(e->att_out);
     free(e->hb); free(e->logits); free(e->scores); free(e->probs16); free(e->q16);
-    free(e->down_partial); free(e->in.f16); free(e->in.q8);
+    free(e->down_partial); free(e->gate_pre); free(e->in.f16); free(e->in.q8);
     free(e);
 }
 
 int engine_n_ctx(const engine *e) { return e->n_ctx; }
 void engine_count_firing(engine *e, uint32_t *counts) { e->fire_counts = counts; }
+
+void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx) {
+    if (fn && !e->gate_pre) e->gate_pre = malloc(sizeof(float) * (size_t)e->m->n_ff);
+    e->observer = e->gate_pre ? fn : NULL;
+    e->observer_ctx = ctx;
+}
 
 static kv_layer layer_cache(const engine *e, int l) {
     size_t off = (size_t)l * (size_t)e->n_ctx * (size_t)e->kv_dim;
@@ -203,6 +217,10 @@ static void ffn_block(engine *e, int l, int pos) {
     act_convert_for(e->k, &e->in, e->xb, m->n_embd, gu, 2);
     layer_job j = {e, l, pos};
     pool_run(e->pool, ffn_up_worker, &j);
+    if (e->observer) {
+        matvec(e, e->xb, m->n_embd, 1, &w->gate, e->gate_pre, NULL, NULL, NULL, NULL);
+        e->observer(e->observer_ctx, l, e->x, e->xb, e->gate_pre);
+    }
     if (w->down.data) {
         matvec(e, e->hb, m->n_ff, 1, &w->down, e->xb, NULL, NULL, NULL, NULL);
     } else {

@@ -12,6 +12,7 @@
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
+extern const kernels kernels_avx512_exact_impl;
 
 const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
 
@@ -23,13 +24,22 @@ const kernels *kernels_avx2(void) {
     return NULL;
 }
 
-const kernels *kernels_avx512(void) {
+/* the AVX-512 kernel files are compiled with these (plus the AVX2 set) and use VNNI */
+static int cpu_runs_avx512(void) {
     __builtin_cpu_init();
-    /* kernels_avx512.c is compiled with these (plus the AVX2 set) and uses VNNI */
-    if (kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vnni"))
-        return &kernels_avx512_impl;
+    return kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? &kernels_avx512_impl : NULL; }
+const kernels *kernels_avx512_exact(void) { return cpu_runs_avx512() ? &kernels_avx512_exact_impl : NULL; }
+
+const kernels *kernels_by_name(const char *name) {
+    if (strcmp(name, "scalar") == 0) return kernels_scalar();
+    if (strcmp(name, "avx2") == 0) return kernels_avx2();
+    if (strcmp(name, "avx512") == 0) return kernels_avx512();
+    if (strcmp(name, "avx512-exact") == 0) return kernels_avx512_exact();
     return NULL;
 }
 
@@ -43,16 +53,10 @@ static void choose_kernels(void) {
 
     const char *want = getenv("PI2_KERNELS");
     if (!want || !*want) return;
-    const kernels *forced = NULL;
-    if (strcmp(want, "scalar") == 0) forced = kernels_scalar();
-    else if (strcmp(want, "avx2") == 0) forced = kernels_avx2();
-    else if (strcmp(want, "avx512") == 0) forced = kernels_avx512();
-    else {
-        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512; using %s", want, fastest->name);
-        return;
-    }
+    const kernels *forced = kernels_by_name(want);
     if (!forced) {
-        log_warn("PI2_KERNELS=%s: this CPU cannot run it; using %s", want, fastest->name);
+        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact that this CPU can run; using %s", want,
+                 fastest->name);
         return;
     }
     chosen = forced;

@@ -115,16 +115,6 @@ static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q
         y[r] = dot_q4_0_avx2((const block_q4_0 *)((const char *)w + (size_t)r * row_stride), x, n);
 }
 
-/* roundf() on 8 lanes: round half away from zero, exactly (adding 0.5 then
- * truncating would misround 0.49999997) */
-static __m256 round_half_away(__m256 v) {
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
-    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
-    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    return _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
-}
-
 static void quantize_q8_0_avx2(const float *x, block_q8_0 *y, int n) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int b = 0; b < n / QK8_0; b++) {
@@ -137,12 +127,13 @@ static void quantize_q8_0_avx2(const float *x, block_q8_0 *y, int n) {
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         const float amax = _mm_cvtss_f32(m4);
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f; /* as ggml's quantize_row_q8_0 */
         const uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
         memcpy(&y[b].d, &dh, sizeof dh);
         __m256i q[4];
         for (int k = 0; k < 4; k++)
-            q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id))));
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         /* packs interleave 128-bit lanes; the permute restores element order */
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -176,4 +167,6 @@ const kernels kernels_avx2_impl = {
     .f32_to_f16_row = f32_to_f16_row_avx2,
     .axpy_f32 = axpy_f32_avx2,
     .gemv_q4_0 = gemv_q4_0_avx2,
+    .softmax_exp = softmax_exp_ref,
+    .silu_mul = silu_mul_ref,
 };

@@ -67,8 +67,30 @@ static void axpy_f32_scalar(float *y, float a, const float *w, int n) {
     for (int i = 0; i < n; i++) y[i] += a * w[i];
 }
 
+double softmax_exp_ref(float *y, const float *x, float max, int n) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        y[i] = expf(x[i] - max);
+        sum += y[i];
+    }
+    return sum;
+}
+
+void silu_mul_ref(float *h, const float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* Activations are quantized as ggml's quantize_row_q8_0 does on x86 (its SIMD
+ * path, not the _ref one used for weights): multiplier 127/amax, round to even. */
 static void quantize_q8_0_scalar(const float *x, block_q8_0 *y, int n) {
-    quantize_row_q8_0_ref(x, y, n);
+    for (int b = 0; b < n / QK8_0; b++) {
+        const float *xb = x + b * QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        store_f16(&y[b].d, amax / 127.0f);
+        for (int j = 0; j < QK8_0; j++) y[b].qs[j] = (int8_t)nearbyintf(xb[j] * id);
+    }
 }
 
 void quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n) {
@@ -165,4 +187,6 @@ const kernels kernels_scalar_impl = {
     .f32_to_f16_row = f32_to_f16_row_scalar,
     .axpy_f32 = axpy_f32_scalar,
     .gemv_q4_0 = gemv_q4_0_scalar,
+    .softmax_exp = softmax_exp_ref,
+    .silu_mul = silu_mul_ref,
 };

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "f16.h"
 
@@ -28,8 +29,19 @@ float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in) {
     abort(); /* model_load admits only the four types */
 }
 
+/* out[i] = W[r0 + i] . in for i < r1 - r0; Q4_0 rows through the gemv,
+ * which gives row_dot's bits faster */
+static void dot_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
+    if (w->type == GGML_TYPE_Q4_0) {
+        k->gemv_q4_0((const block_q4_0 *)((const char *)w->data + (size_t)r0 * w->row_bytes), w->row_bytes, in->q8,
+                     out, (int)(r1 - r0), (int)w->cols);
+        return;
+    }
+    for (long r = r0; r < r1; r++) out[r - r0] = row_dot(k, w, r, in);
+}
+
 void matvec_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
-    for (long r = r0; r < r1; r++) out[r] = row_dot(k, w, r, in);
+    dot_rows(k, w, in, out + r0, r0, r1);
 }
 
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
@@ -46,8 +58,9 @@ void rope(float *v, int n_heads, int head_dim, int pos, float base) {
         float theta = (float)pos;
         for (int i = 0; i < head_dim; i += 2) {
             float c = cosf(theta), s = sinf(theta), a = p[i], b = p[i + 1];
-            p[i] = a * c - b * s;
-            p[i + 1] = a * s + b * c;
+            /* as ggml compiles it: gcc contracts the first product of each line into an FMA */
+            p[i] = fmaf(a, c, -(b * s));
+            p[i + 1] = fmaf(a, s, b * c);
             theta *= theta_scale;
         }
     }
@@ -58,11 +71,19 @@ void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, 
     for (int d = 0; d < kv->kv_dim; d++) kv->v[(size_t)d * kv->n_ctx + pos] = f32_to_f16(vvec[d]);
 }
 
+/* llama.cpp's KV length: the used cells padded to a multiple of 32 (its
+ * kv cache padding without flash attention); the padding has probability 0
+ * but sets how ggml's F16 dot groups the V . p sums. */
+static int padded_kv_len(int T, int n_ctx) {
+    int n = (T + 31) / 32 * 32;
+    return n < n_ctx ? n : n_ctx;
+}
+
 /* llama.cpp (no flash attention): scores = K . q16, softmax in f32 with a
  * double sum, probabilities rounded to F16, output = V^T . p16. */
 void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const uint16_t *q16, int pos,
                      float *scores, uint16_t *probs16, float *out, long h0, long h1) {
-    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = pos + 1;
+    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = pos + 1, n_kv = padded_kv_len(T, kv->n_ctx);
     float scale = 1.0f / sqrtf((float)hd);
     for (long h = h0; h < h1; h++) {
         int kvh = (int)h / group;
@@ -74,31 +95,35 @@ void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const
             sc[t] = k->dot_f16(kv->k + (size_t)t * kv->kv_dim + (size_t)kvh * hd, qh, hd) * scale;
             if (sc[t] > mx) mx = sc[t];
         }
-        double sum = 0;
-        for (int t = 0; t < T; t++) {
-            sc[t] = expf(sc[t] - mx);
-            sum += sc[t];
-        }
+        double sum = k->softmax_exp(sc, sc, mx, T);
         float inv = (float)(1.0 / sum);
         for (int t = 0; t < T; t++) sc[t] *= inv;
         k->f32_to_f16_row(sc, p16, T);
+        memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
         for (int d = 0; d < hd; d++)
-            out[h * hd + d] = k->dot_f16(kv->v + ((size_t)kvh * hd + d) * kv->n_ctx, p16, T);
+            out[h * hd + d] = k->dot_f16(kv->v + ((size_t)kvh * hd + d) * kv->n_ctx, p16, n_kv);
     }
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+#define FFN_CHUNK 64 /* neurons whose gate and up dots are buffered for one silu_mul */
 
 void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
                   long i0, long i1, uint32_t *counts) {
-    for (long i = i0; i < i1; i++) {
-        float g = row_dot(k, &w->gate, i, in), u = row_dot(k, &w->up, i, in), h;
+    float g[FFN_CHUNK], u[FFN_CHUNK];
+    for (long c = i0; c < i1; c += FFN_CHUNK) {
+        const long e = c + FFN_CHUNK < i1 ? c + FFN_CHUNK : i1;
+        dot_rows(k, &w->gate, in, g, c, e);
+        dot_rows(k, &w->up, in, u, c, e);
         switch (m->act) {
-        case FFN_SILU: h = silu(g) * u; break;
-        case FFN_RELU: h = g > 0 ? g * u : 0.0f; break;
-        default: h = g > 0 && u > 0 ? g * u : 0.0f; break;
+        case FFN_SILU: k->silu_mul(hb + c, g, u, (int)(e - c)); break;
+        case FFN_RELU:
+            for (long i = c; i < e; i++) hb[i] = g[i - c] > 0 ? g[i - c] * u[i - c] : 0.0f;
+            break;
+        default:
+            for (long i = c; i < e; i++) hb[i] = g[i - c] > 0 && u[i - c] > 0 ? g[i - c] * u[i - c] : 0.0f;
+            break;
         }
-        hb[i] = h;
-        if (counts && h != 0.0f) counts[i]++;
+        if (counts)
+            for (long i = c; i < e; i++) counts[i] += hb[i] != 0.0f;
     }
 }

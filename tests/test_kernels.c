@@ -290,7 +290,8 @@ static void test_quantized_kernels(const kernels *k) {
     }
 }
 
-/* gemv over rows with padding between them equals one reference dot per row */
+/* gemv over rows with padding between them equals one reference dot per row,
+ * and the same set's dot_q4_0 bit for bit (ops.c mixes the two for Q4_0) */
 static void test_gemv(const kernels *k) {
     const int row_counts[] = {1, 3, 17, 40};
     const int nbs[] = {1, 3, 5, 127, 129, 300, 600}; /* 600: more than one activation chunk */
@@ -315,16 +316,19 @@ static void test_gemv(const kernels *k) {
             quantize_row_q8_0_ref(row, x8, n);
             y[nrows] = 12345.0f;
             k->gemv_q4_0((const block_q4_0 *)w, stride, x8, y, nrows, n);
-            int bad = 0;
+            int bad = 0, not_dot = 0;
             for (int r = 0; r < nrows; r++) {
                 const block_q4_0 *wr = (const block_q4_0 *)(w + (size_t)r * stride);
                 dequantize_row(GGML_TYPE_Q4_0, wr, wd, n);
                 dequantize_row(GGML_TYPE_Q8_0, x8, xd, n);
-                const float want = kernels_scalar()->dot_q4_0(wr, x8, n);
+                const float want = kernels_scalar()->dot_q4_0(wr, x8, n), same = k->dot_q4_0(wr, x8, n);
                 bad += !(fabs(y[r] - want) <= q_tolerance(wd, xd, n));
+                not_dot += memcmp(&y[r], &same, sizeof same) != 0;
             }
             CHECK(bad == 0 && y[nrows] == 12345.0f, "%s gemv_q4_0 rows=%d blocks=%d: %d rows differ", k->name,
                   nrows, nb, bad);
+            CHECK(not_dot == 0, "%s gemv_q4_0 rows=%d blocks=%d: %d rows not bit-identical to dot_q4_0", k->name,
+                  nrows, nb, not_dot);
             free(x8);
             free(xd);
             free(wd);
@@ -335,10 +339,63 @@ static void test_gemv(const kernels *k) {
     }
 }
 
+/* softmax exponentials and SwiGLU against libm within a few ulp (ggml's vector
+ * exp is within 1.5 ulp of exp), and exp(-inf) = 0 for masked scores */
+static void test_activation_kernels(const kernels *k) {
+    enum { N = 77 };
+    float x[N], y[N], g[N], u[N], h[N];
+    fill_random(u, N);
+    for (int i = 0; i < N; i++) x[i] = 20.0f * sinf(1.7f * (float)i), g[i] = 12.0f * cosf(0.9f * (float)i);
+    x[5] = -INFINITY;
+    float max = -INFINITY;
+    for (int i = 0; i < N; i++) max = fmaxf(max, x[i]);
+    const double sum = k->softmax_exp(y, x, max, N);
+    double want_sum = 0;
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = exp((double)(x[i] - max)); /* the kernel subtracts in float */
+        want_sum += want;
+        bad += !(fabs(y[i] - want) <= 4 * FLT_EPSILON * want);
+    }
+    CHECK(bad == 0 && y[5] == 0.0f, "%s softmax_exp: %d values off by more than 4 ulp (exp(-inf) = %g)", k->name, bad, y[5]);
+    CHECK(fabs(sum - want_sum) <= 1e-5 * want_sum, "%s softmax_exp sum %.9g vs %.9g", k->name, sum, want_sum);
+    k->silu_mul(h, g, u, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        bad += !(fabs(h[i] - want) <= 8 * FLT_EPSILON * fabs(want) + 1e-30);
+    }
+    CHECK(bad == 0, "%s silu_mul: %d values off by more than 8 ulp", k->name, bad);
+}
+
+/* silu_mul over a range gives every element the bits it gets over any
+ * sub-range: threads and workers split the neurons at arbitrary points */
+static void test_silu_mul_split(const kernels *k) {
+    enum { N = 83 };
+    float g[N], u[N], whole[N], part[N];
+    fill_random(u, N);
+    for (int i = 0; i < N; i++) g[i] = 9.0f * sinf(0.37f * (float)i + 0.1f);
+    k->silu_mul(whole, g, u, N);
+    int bad = 0;
+    for (int i0 = 0; i0 < N; i0++)
+        for (int i1 = i0 + 1; i1 <= N; i1 += 1 + (i1 - i0) / 5) {
+            for (int i = 0; i < N; i++) part[i] = NAN;
+            k->silu_mul(part + i0, g + i0, u + i0, i1 - i0);
+            for (int i = i0; i < i1; i++) bad += memcmp(&part[i], &whole[i], sizeof(float)) != 0;
+        }
+    CHECK(bad == 0, "%s silu_mul: %d elements differ between a range and its sub-ranges", k->name, bad);
+}
+
 int main(void) {
     /* the override is read once, at the first kernels_best() call */
     setenv("PI2_KERNELS", "scalar", 1);
     CHECK(strcmp(kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar gave %s", kernels_best()->name);
+    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact"};
+    for (int i = 0; i < COUNT(names); i++) {
+        const kernels *k = kernels_by_name(names[i]);
+        CHECK(!k || strcmp(k->name, names[i]) == 0, "kernels_by_name(%s) gave %s", names[i], k->name);
+    }
+    CHECK(kernels_by_name("avx512-fast") == NULL, "kernels_by_name accepts an unknown name");
 
     test_f16_known_values();
     test_dequantize_known_blocks();
@@ -346,8 +403,8 @@ int main(void) {
     test_quantize_roundtrip();
     test_reference_dots_vs_double();
 
-    const kernels *sets[3] = {kernels_scalar(), kernels_avx2(), kernels_avx512()};
-    for (int i = 0; i < 3; i++) {
+    const kernels *sets[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact()};
+    for (int i = 0; i < COUNT(sets); i++) {
         if (!sets[i]) {
             printf("kernel set %d not supported by this CPU: skipped\n", i);
             continue;
@@ -355,6 +412,8 @@ int main(void) {
         test_float_kernels(sets[i]);
         test_quantized_kernels(sets[i]);
         test_gemv(sets[i]);
+        test_activation_kernels(sets[i]);
+        test_silu_mul_split(sets[i]);
     }
     return test_summary();
 }

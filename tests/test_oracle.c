@@ -11,71 +11,116 @@
 #include "model.h"
 #include "oracle.h"
 #include "sampler.h"
+#include "tokenizer.h"
 #include "test.h"
 
 typedef struct {
     const char *model;   /* file name in the oracle folder */
-    int steps;           /* greedy tokens that must agree */
+    int steps;           /* steps compared (teacher-forced with the oracle's tokens) */
     int top_n;           /* how many of the top-5 logits are compared */
-    float tol;
+    float tol;           /* on those logits */
+    int agree;           /* the first `agree` greedy tokens must be the oracle's */
+    int agreeing;        /* and at least this many of all `steps` */
 } expectation;
 
 /* The oracle README's tolerances. */
 static const expectation expectations[] = {
-    {"stories260K", 48, 5, 1e-3f}, {"synth-f32", 48, 5, 1e-3f}, {"synth-f16", 32, 1, 2e-2f},
-    {"synth-q8_0", 32, 1, 2e-2f},  {"synth-q4_0", 16, 1, 5e-2f},
+    {"stories260K", 48, 5, 1e-3f, 48, 48}, {"synth-f32", 48, 5, 1e-3f, 48, 48}, {"synth-f16", 32, 1, 2e-2f, 32, 32},
+    {"synth-q8_0", 32, 1, 2e-2f, 32, 32},  {"synth-q4_0", 16, 1, 5e-2f, 16, 16},
 };
 
-/* Where we do not yet meet the README (issue #2 stays open on these), the
- * bound we do meet, so a regression still fails. Measured on AVX-512: the
- * engine follows llama.cpp's arithmetic (F16 KV cache, Q8_0 activations,
- * ggml's rounding); the residue is f32 summation order, which these random
- * synthetic models amplify (steps are bit-exact until a rounding flips), and,
- * for synth-q4_0 p3 (117-token prompt), llama.cpp's batched Q4_0 prompt path,
- * which we have not reproduced. */
+/* Where a kernel set does not meet the README, the bound it does meet (so a
+ * regression still fails), each with its cause. prompt 0: every prompt. */
 typedef struct {
     const char *model;
-    int prompt;          /* 0: every prompt */
-    int steps;           /* -1: tokens not compared */
-    float tol;
+    int prompt;
+    float tol;           /* on the README's top-n logits over its steps */
+    int agree, agreeing; /* as in expectation */
 } deviation;
 
-static const deviation deviations[] = {
-    {"stories260K", 0, 48, 1e-2f},
-    {"synth-q8_0", 0, 20, 6e-2f},
-    {"synth-q4_0", 0, 16, 6e-2f},
-    {"synth-q4_0", 3, -1, 2.0f},
+/* avx512-exact computes each token as llama.cpp computes a token alone (its
+ * decode path), bit for bit: synth-q8_0 and synth-q4_0 p1/p2 agree to the
+ * oracle's printed digits over every step. What is left is llama.cpp's prompt
+ * path, which pi2 does not copy, because a token must get the same bits whether
+ * it comes alone or in a batch (docs/stack.md: npu-worker prefill and the
+ * token-by-token fallback both equal pi2-ref): */
+static const deviation exact_deviations[] = {
+    /* llama.cpp runs a prompt batch's F32 matrix products through llamafile's
+     * tinyBLAS (one 16-lane FMA accumulator per dot; one token: ggml_vec_dot_f32's
+     * four), and its attention products as batched matmuls too. The prompt's K/V
+     * cache entries then differ in the last bits, and this small real model
+     * carries that into its logits. Emulating the tinyBLAS order for prompt rows
+     * brought p1 to 9.4e-5 (measured before it was removed). */
+    {"stories260K", 1, 2.5e-3f, 48, 48},
+    {"stories260K", 2, 6e-3f, 48, 48},
+    {"stories260K", 3, 9e-3f, 48, 48},
+    /* A bug in llama.cpp's AMX Q4_0 kernel (build 4748, ggml-cpu/amx/mmq.cpp),
+     * which runs prompt batches of Q4_0 weights: for batch rows (tokens) in a
+     * whole group of 32 (here tokens 0-95 of the 117-token prompt), on the first
+     * block of K, output columns n with n % 32 >= 16 (weight rows) get the quants
+     * of weight row n - 16 paired with row n's scale. So llama.cpp's own prompt
+     * KV cache is wrong; pi2 computes it correctly and differs from the first
+     * step on (8 of the 16 teacher-forced tokens still agree). Emulating the bug
+     * made p3 agree to the printed digits (measured before it was removed). */
+    {"synth-q4_0", 3, 1.8f, 0, 8},
 };
 
-static expectation effective(const expectation *x, int prompt) {
+/* The default avx512 set adds a faster summation order in the Q4_0/Q8_0 dots
+ * (several accumulators instead of one serial chain). Its last-bit differences
+ * are amplified by the random synthetic models (steps are identical until a
+ * rounding flips and then drift); the F32/F16 cases are the exact set's. */
+static const deviation fast_deviations[] = {
+    {"stories260K", 1, 2.5e-3f, 48, 48}, /* as exact_deviations */
+    {"stories260K", 2, 6e-3f, 48, 48},
+    {"stories260K", 3, 9e-3f, 48, 48},
+    {"synth-q8_0", 0, 1e-1f, 32, 32},    /* summation order: 5.2e-2 to 7.7e-2 measured */
+    {"synth-q4_0", 3, 1.8f, 0, 8},       /* llama.cpp's AMX bug (above), then summation order */
+};
+
+typedef struct {
+    const char *kernels; /* kernels_by_name */
+    const deviation *deviations;
+    size_t n_deviations;
+} kernel_run;
+
+static const kernel_run runs[] = {
+    {"avx512-exact", exact_deviations, sizeof exact_deviations / sizeof *exact_deviations},
+    {"avx512", fast_deviations, sizeof fast_deviations / sizeof *fast_deviations},
+};
+
+static expectation effective(const expectation *x, const kernel_run *run, int prompt) {
     expectation e = *x;
-    for (size_t i = 0; i < sizeof deviations / sizeof *deviations; i++) {
-        const deviation *d = &deviations[i];
+    for (size_t i = 0; i < run->n_deviations; i++) {
+        const deviation *d = &run->deviations[i];
         if (strcmp(d->model, x->model) || (d->prompt && d->prompt != prompt)) continue;
-        e.steps = d->steps;
         e.tol = d->tol;
+        e.agree = d->agree;
+        e.agreeing = d->agreeing;
     }
     return e;
 }
 
 /* Teacher-forced: feed the oracle's prompt and chosen tokens, compare each step's logits. */
-static void check_case(const char *model_path, const char *case_path, const expectation *x, int threads) {
+static void check_case(const kernels *k, const char *model_path, const char *case_path, const expectation *x,
+                       int threads) {
     char err[512];
     oracle_case oc;
     if (oracle_load(&oc, case_path, err, sizeof err)) { CHECK(0, "%s", err); return; }
     model m;
     if (model_load(&m, model_path, err, sizeof err)) { CHECK(0, "%s", err); oracle_free(&oc); return; }
-    engine *e = engine_new(&m, threads, 512, err, sizeof err); /* the oracle's context */
+    engine *e = engine_new_with_kernels(&m, k, threads, 512, err, sizeof err); /* the oracle's context */
     CHECK(e != NULL, "%s", err);
     if (e) {
         float *logits = NULL;
         for (int i = 0; i < oc.n_prompt; i++) logits = engine_forward(e, oc.prompt_tokens[i], i);
-        int steps = x->steps < 0 ? x->steps : x->steps < oc.n_steps ? x->steps : oc.n_steps, bad_tok = 0;
-        int logit_steps = x->steps < 0 ? 16 : steps;
+        const int steps = x->steps < oc.n_steps ? x->steps : oc.n_steps;
+        int leading = -1, agreeing = 0; /* tokens equal to the oracle's before the first that is not; in all */
         float worst = 0;
-        for (int s = 0; s < logit_steps && logits; s++) {
+        for (int s = 0; s < steps && logits; s++) {
             const oracle_step *st = &oc.steps[s];
-            if (s < steps && argmax(logits, m.n_vocab) != st->token && !bad_tok) bad_tok = s + 1;
+            const int same = argmax(logits, m.n_vocab) == st->token;
+            agreeing += same;
+            if (!same && leading < 0) leading = s;
             for (int k = 0; k < x->top_n && k < st->n_top; k++) {
                 float d = fabsf(logits[st->top_id[k]] - st->top_logit[k]);
                 if (d > worst) worst = d;
@@ -83,13 +128,40 @@ static void check_case(const char *model_path, const char *case_path, const expe
             logits = engine_forward(e, st->token, oc.n_prompt + s);
         }
         CHECK(logits != NULL, "%s: forward failed", case_path);
-        CHECK(bad_tok == 0, "%s on %s (t=%d): greedy token differs at step %d", case_path, model_path, threads, bad_tok - 1);
-        CHECK(worst <= x->tol, "%s on %s (t=%d): logit differs by %g > %g", case_path, model_path, threads, worst, x->tol);
-        printf("%-40s t=%d  %2d tokens agree  max |dlogit| %.2e (tol %.0e)\n", strrchr(case_path, '/') + 1, threads,
-               steps, worst, x->tol);
+        if (leading < 0) leading = steps;
+        const int want_leading = x->agree < steps ? x->agree : steps, want_agreeing = x->agreeing < steps ? x->agreeing : steps;
+        CHECK(leading >= want_leading && agreeing >= want_agreeing,
+              "%s on %s (%s, t=%d): the first %d greedy tokens agree, %d of %d in all (want %d, %d)", case_path,
+              model_path, k->name, threads, leading, agreeing, steps, want_leading, want_agreeing);
+        CHECK(worst <= x->tol, "%s on %s (%s, t=%d): logit differs by %g > %g", case_path, model_path, k->name,
+              threads, worst, x->tol);
+        printf("%-12s %-22s %-26s t=%d  tokens: first %2d of %2d agree, %2d in all  max |dlogit| %.2e (tol %.1e)\n",
+               k->name, strrchr(case_path, '/') + 1, strrchr(model_path, '/') + 1, threads, leading, steps, agreeing,
+               worst, x->tol);
         engine_free(e);
     }
     model_free(&m);
+    oracle_free(&oc);
+}
+
+/* Our conversion's vocabulary tokenizes the oracle's prompt as llama.cpp did. */
+static void check_prompt_tokens(const char *model_path, const char *case_path) {
+    char err[512];
+    oracle_case oc;
+    if (oracle_load(&oc, case_path, err, sizeof err)) { CHECK(0, "%s", err); return; }
+    gguf_file g;
+    if (gguf_open(&g, model_path, err, sizeof err)) { CHECK(0, "%s", err); oracle_free(&oc); return; }
+    tokenizer *t = tokenizer_from_gguf(&g, err, sizeof err);
+    CHECK(t != NULL, "%s: %s", model_path, err);
+    if (t) {
+        int32_t ids[1024];
+        const int n = tokenizer_encode(t, oc.prompt, 1, ids, 1024);
+        CHECK(n == oc.n_prompt && memcmp(ids, oc.prompt_tokens, sizeof *ids * (size_t)n) == 0,
+              "%s: %s tokenizes the prompt differently (%d tokens, llama.cpp %d)", case_path, model_path, n,
+              oc.n_prompt);
+        tokenizer_free(t);
+    }
+    gguf_close(&g);
     oracle_free(&oc);
 }
 
@@ -106,14 +178,25 @@ int main(void) {
     char path[512], model_path[512], ours[256];
     int converted = convert_stories(ours, sizeof ours) == 0;
     CHECK(converted, "convert-llama2c failed on models/stories260K.bin");
-    for (size_t i = 0; i < sizeof expectations / sizeof *expectations; i++) {
-        const expectation *x = &expectations[i];
-        snprintf(model_path, sizeof model_path, "%s/oracle/%s.gguf", shared_dir(), x->model);
-        for (int p = 1; p <= 3; p++) {
-            snprintf(path, sizeof path, "%s/oracle/llama.cpp/%s.p%d.json", shared_dir(), x->model, p);
-            expectation now = effective(x, p);
-            check_case(model_path, path, &now, p == 1 ? 1 : 2);
-            if (converted && !strcmp(x->model, "stories260K")) check_case(ours, path, &now, 2);
+    for (int p = 1; p <= 3 && converted; p++) {
+        snprintf(path, sizeof path, "%s/oracle/llama.cpp/stories260K.p%d.json", shared_dir(), p);
+        check_prompt_tokens(ours, path);
+    }
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        const kernels *k = kernels_by_name(runs[r].kernels);
+        if (!k) {
+            printf("kernel set %s: not supported by this CPU, skipped\n", runs[r].kernels);
+            continue;
+        }
+        for (size_t i = 0; i < sizeof expectations / sizeof *expectations; i++) {
+            const expectation *x = &expectations[i];
+            snprintf(model_path, sizeof model_path, "%s/oracle/%s.gguf", shared_dir(), x->model);
+            for (int p = 1; p <= 3; p++) {
+                snprintf(path, sizeof path, "%s/oracle/llama.cpp/%s.p%d.json", shared_dir(), x->model, p);
+                expectation now = effective(x, &runs[r], p);
+                check_case(k, model_path, path, &now, p == 1 ? 1 : 2);
+                if (converted && !strcmp(x->model, "stories260K")) check_case(k, ours, path, &now, 2);
+            }
         }
     }
     if (converted) unlink(ours);

@@ -99,6 +99,27 @@ typedef struct {
 } vocab;
 
 /* llama2.c tokenizer.bin: int32 max_token_length, then per token f32 score, int32 len, bytes. */
+/* a llama2.c token as GGUF stores it: ' ' as U+2581 (SentencePiece's visible
+ * space, which the tokenizer looks up), as llama.cpp's converter writes it */
+static char *sentencepiece_text(const char *src, size_t len, size_t *text_len) {
+    static const char space_mark[] = "\xe2\x96\x81";
+    size_t spaces = 0;
+    for (size_t j = 0; j < len; j++) spaces += src[j] == ' ';
+    char *text = malloc(len + spaces * (sizeof space_mark - 2) + 1), *out = text;
+    if (!text) return NULL;
+    for (size_t j = 0; j < len; j++) {
+        if (src[j] == ' ') {
+            memcpy(out, space_mark, sizeof space_mark - 1);
+            out += sizeof space_mark - 1;
+        } else {
+            *out++ = src[j];
+        }
+    }
+    *out = 0;
+    *text_len = (size_t)(out - text);
+    return text;
+}
+
 static int read_vocab(const mapped *f, int n, vocab *v) {
     v->n = (uint64_t)n;
     v->text = calloc((size_t)n, sizeof(char *));
@@ -118,18 +139,20 @@ static int read_vocab(const mapped *f, int n, vocab *v) {
             log_error("%s: token %d: length %d at offset %zu runs past the end", f->path, i, len, off - 4);
             return -1;
         }
-        v->text[i] = malloc((size_t)len + 1);
+        /* llama2.c stores BOS/EOS as "\n<s>\n" and "\n</s>\n" (so its own decoder
+         * prints line breaks); llama.cpp's converter writes the plain names */
+        const char *special = i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : NULL;
+        size_t text_len = special ? strlen(special) : 0;
+        v->text[i] = special ? strdup(special) : sentencepiece_text((const char *)f->base + off, (size_t)len, &text_len);
         if (!v->text[i]) { log_error("out of memory"); return -1; }
-        memcpy(v->text[i], f->base + off, (size_t)len);
-        v->text[i][len] = 0;
-        v->lens[i] = (uint64_t)len;
+        v->lens[i] = (uint64_t)text_len;
         off += (size_t)len;
         /* token types as llama.cpp's converter assigns them */
         unsigned byte;
         char tail;
         if (i == 0) v->types[i] = 2;                           /* unknown */
         else if (i == 1 || i == 2) v->types[i] = 3;            /* control: BOS, EOS */
-        else if (len == 6 && sscanf(v->text[i], "<0x%2X>%c", &byte, &tail) == 1) v->types[i] = 6; /* byte */
+        else if (text_len == 6 && sscanf(v->text[i], "<0x%2X>%c", &byte, &tail) == 1) v->types[i] = 6; /* byte */
         else v->types[i] = 1;                                  /* normal */
     }
     return 0;

@@ -105,12 +105,14 @@ static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows,
 
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
-            "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS]\n"
+            "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS]\n"
             "  GB/s of weight bytes streamed by each dot kernel (one thread).\n"
             "  -n COLS     row length, a multiple of 32 (default 4096)\n"
             "  -c KIB      in-cache matrix size (default 512 KiB, fits in L2)\n"
             "  -m MIB      out-of-cache matrix size (default 512 MiB, far above L3)\n"
-            "  -s SECONDS  minimum time per measurement (default 0.5)\n",
+            "  -s SECONDS  minimum time per measurement (default 0.5)\n"
+            "  -k SETS     kernel sets to time, comma-separated (default: every set this\n"
+            "              CPU runs of scalar,avx2,avx512,avx512-exact)\n",
             prog);
 }
 
@@ -129,13 +131,15 @@ int main(int argc, char **argv) {
     int n = 4096;
     long cache_kib = 512, big_mib = 512;
     double min_seconds = 0.5;
+    char *set_names = NULL;
     int opt;
-    while ((opt = getopt(argc, argv, "n:c:m:s:h")) != -1) {
+    while ((opt = getopt(argc, argv, "n:c:m:s:k:h")) != -1) {
         switch (opt) {
         case 'n': n = (int)parse_positive(optarg, "-n"); break;
         case 'c': cache_kib = parse_positive(optarg, "-c"); break;
         case 'm': big_mib = parse_positive(optarg, "-m"); break;
         case 's': min_seconds = atof(optarg); break;
+        case 'k': set_names = optarg; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
@@ -151,7 +155,25 @@ int main(int argc, char **argv) {
         {"q4_0", (size_t)n / QK4_0 * sizeof(block_q4_0)},
         {"q4_0 gemv", (size_t)n / QK4_0 * sizeof(block_q4_0)},
     };
-    const kernels *isas[3] = {kernels_scalar(), kernels_avx2(), kernels_avx512()};
+    const kernels *isas[8];
+    int n_isas = 0;
+    if (!set_names) {
+        const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact()};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) isas[n_isas++] = all[i];
+    } else {
+        for (char *save = NULL, *name = strtok_r(set_names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+            const kernels *k = kernels_by_name(name);
+            if (!k) {
+                log_error("-k %s: not a kernel set this CPU runs (scalar, avx2, avx512, avx512-exact)", name);
+                return 2;
+            }
+            if (n_isas == (int)(sizeof isas / sizeof *isas)) {
+                log_error("-k: at most %d sets", n_isas);
+                return 2;
+            }
+            isas[n_isas++] = k;
+        }
+    }
 
     float *x32 = malloc((size_t)n * sizeof *x32);
     uint16_t *x16 = malloc((size_t)n * sizeof *x16);
@@ -168,18 +190,18 @@ int main(int argc, char **argv) {
     quantize_row(GGML_TYPE_Q8_0, x32, x8, n);
 
     printf("row length %d, in-cache matrix %ld KiB, out-of-cache matrix %ld MiB, 1 thread\n", n, cache_kib, big_mib);
-    printf("%-9s %-7s %12s %14s\n", "type", "isa", "cache GB/s", "memory GB/s");
+    printf("%-9s %-12s %12s %14s\n", "type", "isa", "cache GB/s", "memory GB/s");
     for (int kind = 0; kind < KIND_COUNT; kind++) {
         const size_t row_bytes = kinds[kind].row_bytes;
         size_t small_rows = ((size_t)cache_kib << 10) / row_bytes, big_rows = big_bytes / row_bytes;
         if (small_rows == 0) small_rows = 1;
         if (big_rows == 0) big_rows = 1;
         fill_weights(kind, w, big_rows * row_bytes, row_bytes, n);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < n_isas; i++) {
             if (!isas[i]) continue;
             const double in_cache = measure(isas[i], kind, w, small_rows, row_bytes, x32, x16, x8, n, min_seconds);
             const double in_memory = measure(isas[i], kind, w, big_rows, row_bytes, x32, x16, x8, n, min_seconds);
-            printf("%-9s %-7s %12.2f %14.2f\n", kinds[kind].name, isas[i]->name, in_cache, in_memory);
+            printf("%-9s %-12s %12.2f %14.2f\n", kinds[kind].name, isas[i]->name, in_cache, in_memory);
             fflush(stdout);
         }
     }

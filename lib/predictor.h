@@ -1,0 +1,131 @@
+/* Activation predictors for sparse decode: per layer, which FFN neurons will
+ * fire for this token, before the gate rows are read.
+ *
+ * Two kinds:
+ *  - "powerinfer": PowerInfer's MLP predictor stored in PWRI model files,
+ *    logit = fc2 . relu(fc1 . residual), residual = x before the FFN RMSNorm;
+ *  - "lowrank": ours, built offline from the weights alone (pi2-predictor
+ *    build): B . (A . ffn_in) approximates the gate pre-activation
+ *    gate . ffn_in, ffn_in = rmsnorm(x) * ffn_norm. Stored in a GGUF side file.
+ * A neuron is predicted active iff its logit >= the layer's threshold. */
+#ifndef PI2_PREDICTOR_H
+#define PI2_PREDICTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "model.h"
+
+typedef enum { PREDICTOR_POWERINFER, PREDICTOR_LOWRANK } predictor_kind;
+typedef enum { PREDICTOR_INPUT_RESIDUAL, PREDICTOR_INPUT_FFN_NORM_OUT } predictor_input;
+
+typedef struct predictor predictor;
+
+/* Side-file metadata keys. */
+#define PRED_KEY_KIND "pi2.predictor.kind"                   /* "lowrank" */
+#define PRED_KEY_RANK "pi2.predictor.rank"                   /* u32 */
+#define PRED_KEY_RECALL "pi2.predictor.target_recall"        /* f32 */
+#define PRED_KEY_INPUT "pi2.predictor.input"                 /* "ffn_norm_out" */
+#define PRED_KEY_THRESHOLDS "pi2.predictor.thresholds"       /* f32[n_layer]: tau_l */
+#define PRED_KEY_GATE_CUT "pi2.predictor.gate_cut"           /* f32[n_layer]: truth is gate > cut_l */
+#define PRED_KEY_ACT "pi2.predictor.activation"              /* the model's ffn activation */
+#define PRED_KEY_N_LAYER "pi2.predictor.model.n_layer"       /* u32 */
+#define PRED_KEY_N_EMBD "pi2.predictor.model.n_embd"         /* u32 */
+#define PRED_KEY_N_FF "pi2.predictor.model.n_ff"             /* u32 */
+#define PRED_KEY_MODEL_SIZE "pi2.predictor.model.file_size"  /* u64 */
+#define PRED_KEY_FINGERPRINT "pi2.predictor.model.fingerprint" /* u64, model_fingerprint() */
+#define PRED_KEY_CALIB_TOKENS "pi2.predictor.calibration_tokens" /* u32 */
+
+/* ---- run time ---- */
+
+/* side_file NULL: PowerInfer's fc1/fc2 from the model (error if it has none).
+ * Otherwise a lowrank side file, refused unless built for this model file. */
+predictor *predictor_load(const model *m, const char *side_file, char *err, size_t errlen);
+void predictor_free(predictor *p);
+
+predictor_kind predictor_get_kind(const predictor *p);
+predictor_input predictor_get_input(const predictor *p);
+int predictor_max_rank(const predictor *p);
+float predictor_threshold(const predictor *p, int layer);
+/* Truth the predictor was calibrated against: neuron fires iff gate > cut
+ * (0 for ReLU models; the calibrated SiLU magnitude cut otherwise). */
+float predictor_gate_cut(const predictor *p, int layer);
+/* Bytes of predictor weights read per token (all layers). */
+uint64_t predictor_bytes_per_token(const predictor *p);
+
+/* logits[0..n_ff) of layer `layer`; neuron i is predicted active iff
+ * logits[i] >= predictor_threshold(p, layer). residual: x before the FFN
+ * RMSNorm; ffn_in: rmsnorm(x) * ffn_norm; only the one the predictor reads
+ * (predictor_get_input) may be NULL-checked, the other may be NULL.
+ * Uses p's scratch buffers: one thread at a time per predictor. */
+void predictor_logits(predictor *p, int layer, const float *residual, const float *ffn_in, float *logits);
+
+/* Indices (ascending) of the neurons predicted active, written to
+ * active[0..min(count, cap)); returns the count (may exceed cap). */
+int predictor_predict(predictor *p, int layer, const float *residual, const float *ffn_in, int32_t *active, int cap);
+
+/* Identity of a model file for side files: a hash of its size, header and
+ * metadata and the first KiB of every tensor. */
+uint64_t model_fingerprint(const model *m);
+
+/* ---- building a lowrank predictor (offline) ---- */
+
+/* Randomized SVD of G (rows x cols, row-major) to rank r: A (r x cols) and
+ * B (rows x r), both row-major, with B . A ~ G (singular values split evenly
+ * between them). power_iters rounds of subspace iteration, oversampling of 8
+ * columns; threads > 1 splits the products. Returns 0, or -1 when out of memory. */
+int lowrank_factor(const float *G, int rows, int cols, int r, int power_iters, uint64_t seed, int threads, float *A,
+                   float *B);
+
+/* Which tokens to run through the reference engine: each prompt (with BOS)
+ * from position 0, then gen_per_prompt greedy tokens, until n_tokens in all. */
+typedef struct {
+    const char *const *prompts;
+    int n_prompts;
+    int n_tokens;
+    int gen_per_prompt;
+    int threads;
+} predictor_run_opts;
+
+/* Run the tokens with fn observing every layer's FFN; returns the number of
+ * tokens run, or -1 with a message in err. */
+int predictor_run_prompts(const model *m, const predictor_run_opts *o, ffn_observer fn, void *ctx, char *err,
+                          size_t errlen);
+
+typedef struct {
+    const char *out_path;
+    int rank;                   /* <= 0: predictor_default_rank */
+    double target_recall;       /* of the true firing set, on the calibration tokens */
+    double silu_keep;           /* SiLU models: fraction of neurons counted as firing (largest silu(gate)) */
+    uint32_t weight_type;       /* GGML_TYPE_F16, F32 or Q8_0 (Q8_0 needs rank % 32 == 0) */
+    int power_iters;
+    predictor_run_opts calib;   /* calibration tokens; calib.threads also for the factorization */
+} predictor_build_opts;
+
+int predictor_default_rank(const model *m);
+/* Factor every layer's gate, calibrate thresholds on the prompts, write the
+ * side file. Logs progress; returns 0, or -1 with a message in err. */
+int predictor_build(const model *m, const predictor_build_opts *o, char *err, size_t errlen);
+
+/* ---- evaluation ---- */
+
+typedef struct {
+    uint64_t tokens, true_active, predicted, hits; /* summed over tokens */
+    double mass_total, mass_kept;                  /* sum |act(gate)| over all / over predicted neurons */
+} predictor_layer_stats;
+
+/* Run the prompts through the reference engine and score p against the true
+ * firing (gate > predictor_gate_cut) per layer. stats: [n_layer]. Returns
+ * the number of tokens run, or -1 with a message in err. */
+int predictor_eval(const model *m, predictor *p, const predictor_run_opts *o, predictor_layer_stats *stats, char *err,
+                   size_t errlen);
+
+/* Built-in English prompts for calibration and (a disjoint set) evaluation. */
+extern const char *const predictor_calib_prompts[];
+extern const int predictor_n_calib_prompts;
+extern const char *const predictor_eval_prompts[];
+extern const int predictor_n_eval_prompts;
+
+#endif
