@@ -48,8 +48,11 @@ check-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
-	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run 'make deps' as root)" >&2; \
-	  [ -n "$$PI2_IGNORE_DEPS" ] || exit 1; fi
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "make: installing missing Debian packages:$$missing" >&2; \
+	    $(MAKE) --no-print-directory deps || exit 1; \
+	  else echo "make: missing Debian packages:$$missing (run 'make deps' as root)" >&2; \
+	    [ -n "$$PI2_IGNORE_DEPS" ] || exit 1; fi; fi
 
 deps:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
