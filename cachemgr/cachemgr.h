@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "proc_stop.h"
 #include "shm.h"
 #include "stack.h"
 
@@ -27,8 +28,6 @@ typedef struct {
     stack_ctl *ctl;
     proc_row *row;
 } cachemgr;
-
-extern volatile sig_atomic_t cachemgr_stop;
 
 /* Creates the four segments (prefaulted), or keeps existing ones whose control
  * block matches the model. 0, or -1 with the reason logged. */

@@ -201,7 +201,7 @@ static double now_s(void) {
 static int run(loader *L) {
     int64_t last_progress = bus_now_ms();
     while (L->n_done < L->n_batches) {
-        if (cachemgr_stop) return 1;
+        if (proc_stop) return 1;
         cm_beat(L->c, PROC_STARTING);
         if (pump(L)) return -1;
         struct bus_msg m;

@@ -10,17 +10,11 @@
 #include <unistd.h>
 
 #include "cachemgr.h"
+#include "cli.h"
 #include "log.h"
 #include "rundir.h"
 
 #define BEAT_MS 100
-
-volatile sig_atomic_t cachemgr_stop;
-
-static void on_signal(int sig) {
-    (void)sig;
-    cachemgr_stop = 1;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -38,17 +32,6 @@ static void usage(FILE *f) {
             STACK_MAX_CPU_WORKERS);
 }
 
-static int parse_int(const char *s, const char *flag, long lo, long hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        log_error("%s: '%s' is not an integer in [%ld, %ld]", flag, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 typedef struct {
     const char *model, *runid;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
@@ -61,18 +44,17 @@ static int parse_args(int argc, char **argv, options *o) {
         {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    *o = (options){.runid = env_run && *env_run ? env_run : "default", .cpu_workers = 1, .max_prefill = 512,
+    *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512,
                    .io_timeout_ms = 5000};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:c:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'r': o->runid = optarg; break;
-        case 'c': if (parse_int(optarg, "-c", 1, 1 << 20, &o->n_ctx)) return -1; break;
-        case OPT_CPU: if (parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
-        case OPT_PREFILL: if (parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
-        case OPT_TIMEOUT: if (parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
+        case 'c': if (cli_parse_int(optarg, "-c", 1, 1 << 20, &o->n_ctx)) return -1; break;
+        case OPT_CPU: if (cli_parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
+        case OPT_PREFILL: if (cli_parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
+        case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -82,17 +64,9 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-static void install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: blocking waits return so the loop sees the flag */
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
 /* Beats until SIGTERM; returns the exit status. */
 static int stay_up(cachemgr *c) {
-    while (!cachemgr_stop) {
+    while (!proc_stop) {
         if (shm_is_stale(c->seg[SEG_CTL])) {
             log_info("the run's segments were removed (pi2 down); exiting");
             return 0;
@@ -128,7 +102,7 @@ int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
     if (parse_args(argc, argv, &o)) return 2;
-    install_signals();
+    proc_stop_on_signals();
 
     cachemgr c = {.runid = o.runid, .io_timeout_ms = o.io_timeout_ms};
     if (!realpath(o.model, c.model_path)) {

@@ -17,6 +17,7 @@
 #include "msg.h"
 #include "shm.h"
 #include "stack.h"
+#include "stack_attach.h"
 #include "tokenizer.h"
 
 #define COORD_DEAD_MS 1000        /* a worker silent on the bus and in its ctl row for this long is lost */
@@ -72,15 +73,9 @@ typedef struct {
 typedef struct {
     coord_options opt;
     /* the stack */
-    model m;
-    bool model_loaded;
+    stack_view sv;            /* the model, the segments and our ctl row */
     tokenizer *tok;
-    shm_segment *ctl_seg, *weights_seg, *kv_seg, *act_seg;
-    stack_ctl *ctl;
-    proc_row *row;
-    uint8_t *act;
-    act_layout L;
-    stack_params params;
+    stack_params params;      /* as the control block had them when we attached */
     msg_limits lim;
     /* the bus */
     bus_ctx *bus;
@@ -99,7 +94,7 @@ typedef struct {
     const volatile sig_atomic_t *stop;
 } coord;
 
-/* segments.c: waits for cachemgr's segments and the weights, loads model and tokenizer. */
+/* segments.c: waits for cachemgr's segments and the weights (lib/stack_attach), loads the tokenizer. */
 int coord_attach(coord *c);
 void coord_detach(coord *c);
 

@@ -111,7 +111,7 @@ void coord_pump(coord *c, int timeout_ms) {
     }
     now = ctl_now_ms();
     if (now >= c->next_beat_ms) {
-        ctl_proc_beat(c->row, c->busy ? PROC_BUSY : PROC_READY);
+        ctl_proc_beat(c->sv.row, c->busy ? PROC_BUSY : PROC_READY);
         c->next_beat_ms = now + COORD_BEAT_MS;
     }
     workers_check_alive(c, now);

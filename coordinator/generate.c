@@ -49,7 +49,7 @@ typedef struct {
 
 static int decode(coord *c, int n_prompt, decode_result *out) {
     const gen_request *r = &c->req;
-    int n_vocab = c->m.n_vocab, n_ctx = c->params.n_ctx, eos = tokenizer_eos(c->tok), rc = 0;
+    int n_vocab = c->sv.m.n_vocab, n_ctx = c->params.n_ctx, eos = tokenizer_eos(c->tok), rc = 0;
     float *logits = malloc(sizeof(float) * (size_t)n_vocab);
     if (!logits) return PI2__ERROR_CODE__INTERNAL;
     sampler smp;
@@ -57,7 +57,7 @@ static int decode(coord *c, int n_prompt, decode_result *out) {
     out->status = PI2__GENERATE_STATUS__GEN_LENGTH;
     for (int pos = n_prompt; out->n_gen < (int)r->n_predict;) {
         /* the sampler reorders its input: work on a copy of the shared logits */
-        memcpy(logits, c->act + c->L.logits, sizeof(float) * (size_t)n_vocab);
+        memcpy(logits, c->sv.act + c->sv.layout.logits, sizeof(float) * (size_t)n_vocab);
         int next = sampler_sample(&smp, logits, n_vocab);
         if (next == eos && !r->ignore_eos) {
             out->status = PI2__GENERATE_STATUS__GEN_EOS;
@@ -70,7 +70,7 @@ static int decode(coord *c, int n_prompt, decode_result *out) {
             break;
         }
         out->n_gen++;
-        atomic_fetch_add(&c->row->tokens_served, 1);
+        atomic_fetch_add(&c->sv.row->tokens_served, 1);
         if (out->n_gen == (int)r->n_predict) break;
         if (pos >= n_ctx) {
             out->status = PI2__GENERATE_STATUS__GEN_CONTEXT_FULL;
@@ -121,7 +121,7 @@ void generate_serve(coord *c) {
     r->pending = false;
     c->busy = true;
     c->session++;
-    ctl_proc_beat(c->row, PROC_BUSY);
+    ctl_proc_beat(c->sv.row, PROC_BUSY);
     log_info("session %llu for '%.*s': %zu-byte prompt, n_predict %u, temp %g, top-k %d, top-p %g, seed %llu%s",
              (unsigned long long)c->session, (int)r->client_len, (const char *)r->client, strlen(r->prompt),
              r->n_predict, r->temp, r->top_k, r->top_p, (unsigned long long)r->seed,
@@ -153,5 +153,5 @@ void generate_serve(coord *c) {
     free(tokens);
     gen_request_clear(r);
     c->busy = false;
-    ctl_proc_beat(c->row, PROC_READY);
+    ctl_proc_beat(c->sv.row, PROC_READY);
 }

@@ -7,24 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "coord.h"
 #include "log.h"
-
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig) {
-    (void)sig;
-    stop_flag = 1;
-}
-
-static void install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: a poll returns and the loop sees the flag */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
+#include "proc_stop.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -41,17 +27,6 @@ static void usage(FILE *f) {
             "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
 }
 
-static int parse_ms(const char *s, const char *flag, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == 0 || *end || v < 1 || v > 3600000) {
-        log_error("%s: '%s' is not a number of milliseconds in [1, 3600000]", flag, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, coord_options *o) {
     enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT };
     static const struct option longopts[] = {
@@ -59,8 +34,7 @@ static int parse_args(int argc, char **argv, coord_options *o) {
         {"no-npu", no_argument, 0, OPT_NO_NPU}, {"task-timeout", required_argument, 0, OPT_TASK_TIMEOUT},
         {"worker-wait", required_argument, 0, OPT_WORKER_WAIT}, {"npu-wait", required_argument, 0, OPT_NPU_WAIT},
         {"startup-wait", required_argument, 0, OPT_STARTUP_WAIT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    *o = (coord_options){.runid = env_run && *env_run ? env_run : "default", .task_timeout_ms = 5000,
+    *o = (coord_options){.runid = cli_default_runid(), .task_timeout_ms = 5000,
                          .worker_wait_ms = 30000, .npu_wait_ms = 5000, .startup_wait_ms = 300000};
     int ch;
     while ((ch = getopt_long(argc, argv, "m:r:h", longopts, NULL)) != -1) {
@@ -68,10 +42,10 @@ static int parse_args(int argc, char **argv, coord_options *o) {
         case 'm': o->model_path = optarg; break;
         case 'r': o->runid = optarg; break;
         case OPT_NO_NPU: o->no_npu = true; break;
-        case OPT_TASK_TIMEOUT: if (parse_ms(optarg, "--task-timeout", &o->task_timeout_ms)) return -1; break;
-        case OPT_WORKER_WAIT: if (parse_ms(optarg, "--worker-wait", &o->worker_wait_ms)) return -1; break;
-        case OPT_NPU_WAIT: if (parse_ms(optarg, "--npu-wait", &o->npu_wait_ms)) return -1; break;
-        case OPT_STARTUP_WAIT: if (parse_ms(optarg, "--startup-wait", &o->startup_wait_ms)) return -1; break;
+        case OPT_TASK_TIMEOUT: if (cli_parse_int(optarg, "--task-timeout", 1, 3600000, &o->task_timeout_ms)) return -1; break;
+        case OPT_WORKER_WAIT: if (cli_parse_int(optarg, "--worker-wait", 1, 3600000, &o->worker_wait_ms)) return -1; break;
+        case OPT_NPU_WAIT: if (cli_parse_int(optarg, "--npu-wait", 1, 3600000, &o->npu_wait_ms)) return -1; break;
+        case OPT_STARTUP_WAIT: if (cli_parse_int(optarg, "--startup-wait", 1, 3600000, &o->startup_wait_ms)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -92,18 +66,18 @@ int main(int argc, char **argv) {
         return 1;
     }
     c.opt.model_path = model_real;
-    install_signals();
-    c.stop = &stop_flag;
+    proc_stop_on_signals();
+    c.stop = &proc_stop;
     int rc = 1;
     if (coord_attach(&c) || coord_open_bus(&c)) goto out;
     workers_init(&c);
     coord_new_epoch(&c); /* whatever an earlier coordinator left in flight is void */
     log_info("%s: %d layers, dim %d, vocab %d; ctx %d, %d cpu-worker(s), prefill %s; run '%s'", c.opt.model_path,
-             c.m.n_layer, c.m.n_embd, c.m.n_vocab, c.params.n_ctx, c.params.n_cpu_workers,
+             c.sv.m.n_layer, c.sv.m.n_embd, c.sv.m.n_vocab, c.params.n_ctx, c.params.n_cpu_workers,
              c.opt.no_npu ? "by decode tasks" : "on the npu-worker when it is up", c.opt.runid);
-    while (!stop_flag) {
+    while (!proc_stop) {
         coord_pump(&c, 100);
-        if (c.req.pending && !stop_flag) generate_serve(&c);
+        if (c.req.pending && !proc_stop) generate_serve(&c);
     }
     if (c.req.pending)
         client_send_error(&c, c.req.client, c.req.client_len, PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
@@ -111,7 +85,7 @@ int main(int argc, char **argv) {
     log_info("stopping");
     rc = 0;
 out:
-    if (stop_flag) rc = 0; /* asked to stop while starting: not an error */
+    if (proc_stop) rc = 0; /* asked to stop while starting: not an error */
     coord_close_bus(&c);
     coord_detach(&c);
     return rc;

@@ -14,7 +14,7 @@
 #define PUMP_MS 50
 
 void coord_new_epoch(coord *c) {
-    c->epoch = ctl_new_epoch(c->ctl);
+    c->epoch = ctl_new_epoch(c->sv.ctl);
     c->faults_at_epoch = coord_faults(c);
     log_debug("epoch %u", c->epoch);
 }
@@ -73,7 +73,7 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
 
 /* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost). */
 static int send_decode_tasks(coord *c, int i, int pos) {
-    const model *m = &c->m;
+    const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
     work_share ws;
     work_share_compute(&ws, m, i, c->params.n_cpu_workers);
@@ -84,9 +84,9 @@ static int send_decode_tasks(coord *c, int i, int pos) {
         Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
         t.layer = (uint32_t)l;
         t.position = (uint32_t)pos;
-        t.in_offset = c->L.x_layers + (uint64_t)l * emb;
+        t.in_offset = c->sv.layout.x_layers + (uint64_t)l * emb;
         t.in_length = emb;
-        t.out_offset = output ? c->L.logits : c->L.x_layers + (uint64_t)(l + 1) * emb;
+        t.out_offset = output ? c->sv.layout.logits : c->sv.layout.x_layers + (uint64_t)(l + 1) * emb;
         t.out_length = output ? (uint64_t)m->n_vocab * sizeof(float) : emb;
         t.kv_begin = 0;
         t.kv_end = (uint32_t)pos + 1;
@@ -155,8 +155,8 @@ static int send_decode(coord *c, const void *arg) {
 }
 
 int step_decode(coord *c, int32_t token, int pos, bool want_logits) {
-    const model *m = &c->m;
-    float *x0 = (float *)(c->act + c->L.x_layers);
+    const model *m = &c->sv.m;
+    float *x0 = (float *)(c->sv.act + c->sv.layout.x_layers);
     dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)token * m->tok_embd.row_bytes, x0,
                    m->n_embd);
     decode_arg a = {pos};
@@ -172,10 +172,10 @@ static int send_prefill(coord *c, const void *arg) {
     Pi2__PrefillRequest r = PI2__PREFILL_REQUEST__INIT;
     r.first_position = (uint32_t)a->pos0;
     r.n_tokens = (uint32_t)a->n;
-    r.act_offset = c->L.tokens;
+    r.act_offset = c->sv.layout.tokens;
     r.act_length = (uint64_t)a->n * sizeof(int32_t);
     r.layer_begin = 0;
-    r.layer_end = (uint32_t)c->m.n_layer;
+    r.layer_end = (uint32_t)c->sv.m.n_layer;
     r.epoch = c->epoch;
     Pi2__Envelope env;
     msg_envelope_init(&env, 0, c->session);
@@ -192,7 +192,7 @@ static int send_prefill(coord *c, const void *arg) {
 }
 
 int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0) {
-    memcpy(c->act + c->L.tokens, tokens, (size_t)n * sizeof(int32_t));
+    memcpy(c->sv.act + c->sv.layout.tokens, tokens, (size_t)n * sizeof(int32_t));
     prefill_arg a = {n, pos0};
     return run_step(c, true, 1, send_prefill, &a);
 }

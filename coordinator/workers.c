@@ -60,7 +60,7 @@ void worker_lost(worker *w, const char *why) {
 
 static const proc_row *ctl_row(const coord *c, const char *name) {
     for (int i = 0; i < STACK_MAX_PROCS; i++)
-        if (!strncmp(c->ctl->procs[i].name, name, sizeof c->ctl->procs[i].name)) return &c->ctl->procs[i];
+        if (!strncmp(c->sv.ctl->procs[i].name, name, sizeof c->sv.ctl->procs[i].name)) return &c->sv.ctl->procs[i];
     return NULL;
 }
 
@@ -109,7 +109,7 @@ void workers_check_alive(coord *c, int64_t now_ms) {
 }
 
 static void send_register_ack(coord *c, const worker *w) {
-    shm_segment *segs[4] = {c->ctl_seg, c->weights_seg, c->kv_seg, c->act_seg};
+    shm_segment *segs[4] = {c->sv.ctl_seg, c->sv.weights_seg, c->sv.kv_seg, c->sv.act_seg};
     Pi2__Segment seg[4], *segp[4];
     for (int i = 0; i < 4; i++) {
         pi2__segment__init(&seg[i]);

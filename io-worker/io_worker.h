@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "bus.h"
+#include "proc_stop.h"
 #include "shm.h"
 #include "stack.h"
 #include "uring_reader.h"
@@ -32,8 +33,6 @@ typedef struct {
     bool fatal;                /* the control block belongs to another model */
     enum proc_state state;
 } io_worker;
-
-extern volatile sig_atomic_t io_worker_stop;
 
 /* One attempt to (re)attach the weights segment; 0 or -1 (reason logged at debug level). */
 int iow_attach_weights(io_worker *w);

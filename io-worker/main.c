@@ -9,18 +9,12 @@
 #include <string.h>
 
 #include "io_worker.h"
+#include "cli.h"
 #include "log.h"
 #include "msg.h"
 #include "rundir.h"
 
 #define WEIGHTS_WAIT_MS (120 * 1000) /* cachemgr prefaults several GB before the segment appears */
-
-volatile sig_atomic_t io_worker_stop;
-
-static void on_signal(int sig) {
-    (void)sig;
-    io_worker_stop = 1;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -37,7 +31,7 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *model, *runid;
-    unsigned queue_depth;
+    int queue_depth;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -46,23 +40,13 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"queue-depth", required_argument, 0, 'q'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    *o = (options){.runid = env_run && *env_run ? env_run : "default", .queue_depth = 32};
+    *o = (options){.runid = cli_default_runid(), .queue_depth = 32};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:q:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'r': o->runid = optarg; break;
-        case 'q': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (!*optarg || *end || v < 1 || v > 4096) {
-                log_error("--queue-depth: '%s' is not an integer in [1, 4096]", optarg);
-                return -1;
-            }
-            o->queue_depth = (unsigned)v;
-            break;
-        }
+        case 'q': if (cli_parse_int(optarg, "--queue-depth", 1, 4096, &o->queue_depth)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -70,14 +54,6 @@ static int parse_args(int argc, char **argv, options *o) {
     if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
     if (!o->model) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
     return 0;
-}
-
-static void install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: blocking waits return so the loop sees the flag */
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
 }
 
 static bus_socket *bind_endpoint(bus_ctx *ctx, const char *runid) {
@@ -101,7 +77,7 @@ static bus_socket *bind_endpoint(bus_ctx *ctx, const char *runid) {
 /* Serves until SIGTERM; returns the exit status. */
 static int serve(io_worker *w) {
     w->state = PROC_READY;
-    while (!io_worker_stop) {
+    while (!proc_stop) {
         iow_beat(w);
         if (w->fatal) return 1;
         struct bus_msg m;
@@ -118,7 +94,7 @@ int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
     if (parse_args(argc, argv, &o)) return 2;
-    install_signals();
+    proc_stop_on_signals();
 
     const char *delay = getenv("PI2_IO_DELAY_US");
     io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0};
@@ -127,7 +103,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char err[512];
-    w.reader = uring_reader_open(w.model_path, o.queue_depth, err, sizeof err);
+    w.reader = uring_reader_open(w.model_path, (unsigned)o.queue_depth, err, sizeof err);
     if (!w.reader) { log_error("%s", err); return 1; }
 
     int status = 1;
@@ -135,7 +111,7 @@ int main(int argc, char **argv) {
     if (!ctx) { log_error("bus: %s", bus_last_error()); goto out; }
     w.sock = bind_endpoint(ctx, o.runid);
     if (w.sock && iow_wait_weights(&w, WEIGHTS_WAIT_MS) == 0) status = serve(&w);
-    else if (io_worker_stop) status = 0;
+    else if (proc_stop) status = 0;
 out:
     bus_close(w.sock);
     bus_ctx_free(ctx);

@@ -38,7 +38,7 @@ int iow_attach_weights(io_worker *w) {
 int iow_wait_weights(io_worker *w, int timeout_ms) {
     int64_t deadline = ctl_now_ms() + timeout_ms;
     bool told = false;
-    while (!io_worker_stop) {
+    while (!proc_stop) {
         if (iow_attach_weights(w) == 0) return 0;
         if (ctl_now_ms() > deadline) {
             log_error("the weights segment of run '%s' did not appear within %d s (is cachemgr running?): %s",

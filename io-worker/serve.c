@@ -43,7 +43,7 @@ static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelo
 
 /* Lets a test kill the io-worker while a batch is in its hands; beats meanwhile. */
 static void pause_for_tests(io_worker *w) {
-    for (int64_t left = w->delay_us; left > 0 && !io_worker_stop; left -= 50000) {
+    for (int64_t left = w->delay_us; left > 0 && !proc_stop; left -= 50000) {
         nanosleep(&(struct timespec){.tv_nsec = (left < 50000 ? left : 50000) * 1000}, NULL);
         iow_beat(w);
     }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -15,8 +16,8 @@ static void sleep_ms(int ms) {
 }
 
 /* Attaches /pi2-<runid>-<what>, retrying while it does not exist yet (cachemgr starts first). */
-static shm_segment *attach_waiting(const char *runid, const char *what, enum shm_kind kind, int64_t deadline,
-                                   const volatile sig_atomic_t *stop) {
+static shm_segment *attach_waiting(const stack_view_spec *spec, const char *what, enum shm_kind kind, int64_t deadline) {
+    const char *runid = spec->runid;
     char name[SHM_NAME_MAX];
     if (shm_make_name(name, sizeof name, runid, what)) {
         log_error("run id '%s': %s", runid, shm_last_error());
@@ -25,10 +26,10 @@ static shm_segment *attach_waiting(const char *runid, const char *what, enum shm
     for (;;) {
         shm_segment *seg = shm_attach(name, kind, 0);
         if (seg) return seg;
-        if (*stop) return NULL;
+        if (*spec->stop) return NULL;
         if (ctl_now_ms() > deadline) {
             log_error("segment %s not available after %d s (is cachemgr running for run '%s'?): %s", name,
-                      STACK_WAIT_MS / 1000, runid, shm_last_error());
+                      spec->wait_ms / 1000, runid, shm_last_error());
             return NULL;
         }
         sleep_ms(POLL_MS);
@@ -65,33 +66,44 @@ static int check_dense_down(const model *m, const char *path) {
     return 0;
 }
 
+static bool waited_too_long(const stack_view_spec *spec, int64_t deadline) {
+    return *spec->stop || ctl_now_ms() > deadline;
+}
+
 /* cachemgr writes the control block's magic last; wait for it, then for the weights. */
-static int wait_ctl_ready(stack_view *s, const char *model_path, int64_t deadline, const volatile sig_atomic_t *stop) {
+static int wait_ctl_ready(stack_view *s, const stack_view_spec *spec, int64_t deadline) {
     const stack_ctl *c = s->ctl;
     while (__atomic_load_n(&c->magic, __ATOMIC_ACQUIRE) != STACK_CTL_MAGIC) {
-        if (*stop || ctl_now_ms() > deadline) {
-            if (!*stop) log_error("the control block was never initialised by cachemgr");
+        if (waited_too_long(spec, deadline)) {
+            if (!*spec->stop) log_error("the control block was never initialised by cachemgr");
             return -1;
         }
         sleep_ms(POLL_MS);
     }
     char err[512];
-    if (ctl_check(c, model_path, s->m.gguf.size, err, sizeof err)) {
+    if (ctl_check(c, spec->model_path, s->m.gguf.size, err, sizeof err)) {
         log_error("%s", err);
         return -1;
     }
+    if (spec->early_row && !(s->row = ctl_proc_claim(s->ctl, spec->early_row, (int32_t)getpid()))) {
+        log_error("the control block's process table is full (%d rows)", STACK_MAX_PROCS);
+        return -1;
+    }
     while (!atomic_load(&s->ctl->weights_ready)) {
-        if (*stop || ctl_now_ms() > deadline) {
-            if (!*stop) log_error("weights not ready after %d s (cachemgr still loading, or stuck?)", STACK_WAIT_MS / 1000);
+        if (waited_too_long(spec, deadline)) {
+            if (!*spec->stop)
+                log_error("weights not ready after %d s (cachemgr still loading, or stuck?)", spec->wait_ms / 1000);
             return -1;
         }
+        if (s->row) ctl_proc_beat(s->row, PROC_STARTING);
         sleep_ms(POLL_MS);
     }
     return 0;
 }
 
-int stack_view_open(stack_view *s, const char *model_path, const char *runid, const volatile sig_atomic_t *stop) {
+int stack_view_open(stack_view *s, const stack_view_spec *spec) {
     memset(s, 0, sizeof *s);
+    const char *model_path = spec->model_path;
     char err[512];
     if (model_load(&s->m, model_path, err, sizeof err)) {
         log_error("%s", err);
@@ -99,17 +111,17 @@ int stack_view_open(stack_view *s, const char *model_path, const char *runid, co
     }
     s->model_loaded = true;
     if (check_dense_down(&s->m, model_path)) goto fail;
-    int64_t deadline = ctl_now_ms() + STACK_WAIT_MS;
-    if (!(s->ctl_seg = attach_waiting(runid, STACK_SEG_CTL, SHM_KIND_CONTROL, deadline, stop))) goto fail;
+    int64_t deadline = ctl_now_ms() + spec->wait_ms;
+    if (!(s->ctl_seg = attach_waiting(spec, STACK_SEG_CTL, SHM_KIND_CONTROL, deadline))) goto fail;
     if (!(s->ctl = region(s->ctl_seg, "ctl", sizeof(stack_ctl), NULL))) goto fail;
-    if (wait_ctl_ready(s, model_path, deadline, stop)) goto fail;
+    if (wait_ctl_ready(s, spec, deadline)) goto fail;
 
     const stack_params *p = &s->ctl->params;
     act_layout_compute(&s->layout, &s->m, p);
     uint64_t kv_need = kv_region_bytes(&s->m, p->n_ctx);
-    if (!(s->weights_seg = attach_waiting(runid, STACK_SEG_WEIGHTS, SHM_KIND_WEIGHTS, deadline, stop)) ||
-        !(s->kv_seg = attach_waiting(runid, STACK_SEG_KV, SHM_KIND_KV, deadline, stop)) ||
-        !(s->act_seg = attach_waiting(runid, STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, deadline, stop)))
+    if (!(s->weights_seg = attach_waiting(spec, STACK_SEG_WEIGHTS, SHM_KIND_WEIGHTS, deadline)) ||
+        !(s->kv_seg = attach_waiting(spec, STACK_SEG_KV, SHM_KIND_KV, deadline)) ||
+        !(s->act_seg = attach_waiting(spec, STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, deadline)))
         goto fail;
     void *data = region(s->weights_seg, "data", weights_region_bytes(&s->m), &s->weights_bytes);
     s->k = region(s->kv_seg, "k", kv_need, &s->kv_bytes);
@@ -127,6 +139,7 @@ fail:
 }
 
 void stack_view_close(stack_view *s) {
+    if (s->row) ctl_proc_beat(s->row, PROC_DEAD);
     shm_detach(s->act_seg);
     shm_detach(s->kv_seg);
     shm_detach(s->weights_seg);

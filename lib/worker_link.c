@@ -12,22 +12,6 @@
 
 #define RUNDIR_WAIT_MS 10000
 
-volatile sig_atomic_t worker_stop;
-
-static void on_signal(int sig) {
-    (void)sig;
-    worker_stop = 1;
-}
-
-void worker_signals_install(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: a blocking receive returns and sees the flag */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
 static void *beat_main(void *arg) {
     worker_link *w = arg;
     const struct timespec period = {0, WORKER_BEAT_MS * 1000000L};
@@ -74,8 +58,8 @@ static int connect_coordinator(worker_link *w, const char *runid, const char *na
     /* The supervisor creates the run dir; refuse one another user could have planted. */
     int64_t deadline = ctl_now_ms() + RUNDIR_WAIT_MS;
     while (rundir_check(dir)) {
-        if (worker_stop || ctl_now_ms() > deadline) {
-            if (!worker_stop) log_error("run directory %s: %s", dir, rundir_last_error());
+        if (proc_stop || ctl_now_ms() > deadline) {
+            if (!proc_stop) log_error("run directory %s: %s", dir, rundir_last_error());
             return -1;
         }
         nanosleep(&(struct timespec){0, 50000000L}, NULL);
@@ -209,10 +193,22 @@ Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeo
         break;
     case PI2__ENVELOPE__BODY_SHUTDOWN:
         log_info("shutdown requested by the coordinator: %s", env->shutdown->reason);
-        worker_stop = 1;
+        proc_stop = 1;
         break;
     default: return env;
     }
     msg_free(env);
     return NULL;
+}
+
+void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__BodyCase takes,
+                       void (*handle)(void *ctx, const Pi2__Envelope *env), void *ctx) {
+    while (!proc_stop) {
+        worker_link_heartbeat(w);
+        Pi2__Envelope *env = worker_link_recv(w, lim, WORKER_HEARTBEAT_MS / 2);
+        if (!env) continue;
+        if (env->body_case == takes) handle(ctx, env);
+        else log_warn("ignored a %s message (this worker takes %s)", msg_body_name(env->body_case), msg_body_name(takes));
+        msg_free(env);
+    }
 }

@@ -1,8 +1,8 @@
 /* A worker's tie to the rest of the stack: its DEALER socket to the
  * coordinator (Register, Heartbeat, validated receive), its row in the
  * control block (beaten from a thread of its own, so a worker that waits in
- * a barrier or computes a long prefill still shows alive), and the stop flag
- * set by SIGTERM/SIGINT. Shared by cpu-worker and npu-worker. */
+ * a barrier or computes a long prefill still shows alive), and the serve
+ * loop. Shared by cpu-worker and npu-worker; both stop on proc_stop. */
 #ifndef PI2_WORKER_LINK_H
 #define PI2_WORKER_LINK_H
 
@@ -14,14 +14,11 @@
 
 #include "bus.h"
 #include "msg.h"
+#include "proc_stop.h"
 #include "stack.h"
 
 #define WORKER_BEAT_MS 100       /* ctl row: well inside the 200 ms the supervisor expects */
 #define WORKER_HEARTBEAT_MS 200  /* Heartbeat message to the coordinator */
-
-/* Set by SIGTERM / SIGINT once worker_signals_install ran. */
-extern volatile sig_atomic_t worker_stop;
-void worker_signals_install(void);
 
 typedef struct {
     bus_ctx *ctx;
@@ -51,5 +48,9 @@ void worker_link_heartbeat(worker_link *w);
 /* The next valid message for the caller, or NULL (timeout, signal, or a
  * message dropped with a WARN). RegisterAck and Shutdown are handled here. */
 Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeout_ms);
+/* Until proc_stop: heartbeats, and hands each valid message of kind `takes`
+ * to handle(ctx, env); other kinds are dropped with a WARN. */
+void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__BodyCase takes,
+                       void (*handle)(void *ctx, const Pi2__Envelope *env), void *ctx);
 
 #endif

@@ -2,7 +2,6 @@
  * a PrefillRequest names prompt tokens in act.tokens; the worker runs them
  * through every layer as blocked matrix products, fills the KV cache for
  * their positions and leaves the last token's logits in act.logits. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,61 +11,15 @@
 #include "log.h"
 #include "prefill.h"
 #include "stack_attach.h"
+#include "worker_args.h"
 #include "worker_link.h"
 
-typedef struct {
-    const char *model_path, *runid;
-    int n_threads;
-    long task_delay_us; /* PI2_TASK_DELAY_US: fault-injection aid */
-} options;
-
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: npu-worker -m MODEL.gguf [-r RUNID] [-t THREADS]\n"
-            "Prefill worker of the pi2 stack RUNID: runs whole prompts layer by layer as blocked\n"
-            "matrix products and fills the KV cache.\n"
-            "  -m, --model FILE     the GGUF model the stack runs (as given to cachemgr)\n"
-            "  -r, --run ID         run id (default $PI2_RUN or \"default\")\n"
-            "  -t, --threads N      compute threads (default 2)\n"
-            "  -h, --help           this help\n"
-            "Waits up to %d s for cachemgr's segments and weights.\n"
-            "Environment: PI2_LOG=debug|info|warn|error, PI2_TASK_DELAY_US=N (sleep N us per request)\n",
-            STACK_WAIT_MS / 1000);
-}
-
-static int parse_long(const char *s, const char *what, long lo, long hi, long *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == 0 || *end || v < lo || v > hi) {
-        log_error("%s: '%s' is not an integer in [%ld, %ld]", what, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_args(int argc, char **argv, options *o) {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
-                                             {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    *o = (options){.runid = env_run && *env_run ? env_run : "default", .n_threads = 2};
-    long v;
-    int c;
-    while ((c = getopt_long(argc, argv, "m:r:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': o->model_path = optarg; break;
-        case 'r': o->runid = optarg; break;
-        case 't': if (parse_long(optarg, "-t", 1, 256, &v)) return -1; o->n_threads = (int)v; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
-        }
-    }
-    if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
-    if (!o->model_path) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
-    const char *delay = getenv("PI2_TASK_DELAY_US");
-    if (delay && *delay && parse_long(delay, "PI2_TASK_DELAY_US", 0, 60000000, &o->task_delay_us)) return -1;
-    return 0;
+    fputs("usage: npu-worker -m MODEL.gguf [-r RUNID] [-t THREADS]\n"
+          "Prefill worker of the pi2 stack RUNID: runs whole prompts layer by layer as blocked\n"
+          "matrix products and fills the KV cache.\n",
+          f);
+    worker_args_help(f, 2, "request");
 }
 
 static uint64_t now_us(void) {
@@ -76,7 +29,7 @@ static uint64_t now_us(void) {
 }
 
 typedef struct {
-    const options *o;
+    const worker_args *o;
     stack_view *sv;
     worker_link *link;
     prefiller *pf;
@@ -115,7 +68,8 @@ static int read_tokens(worker *w, const Pi2__PrefillRequest *r, char *why, size_
 
 static void tick(void *ctx) { worker_link_heartbeat(ctx); }
 
-static void run_prefill(worker *w, const Pi2__Envelope *req) {
+static void run_prefill(void *ctx, const Pi2__Envelope *req) {
+    worker *w = ctx;
     const Pi2__PrefillRequest *r = req->prefill_request;
     const model *m = &w->sv->m;
     uint32_t current = (uint32_t)atomic_load(&w->sv->ctl->epoch);
@@ -158,27 +112,14 @@ static void run_prefill(worker *w, const Pi2__Envelope *req) {
     worker_link_send(w->link, &env);
 }
 
-static void serve(worker *w) {
-    msg_limits lim;
-    stack_msg_limits(w->sv, &lim);
-    while (!worker_stop) {
-        worker_link_heartbeat(w->link);
-        Pi2__Envelope *env = worker_link_recv(w->link, &lim, WORKER_HEARTBEAT_MS / 2);
-        if (!env) continue;
-        if (env->body_case == PI2__ENVELOPE__BODY_PREFILL_REQUEST) run_prefill(w, env);
-        else log_warn("ignored a %s message (an npu-worker takes PrefillRequest)", msg_body_name(env->body_case));
-        msg_free(env);
-    }
-}
-
-
 int main(int argc, char **argv) {
     log_init(argv[0]);
-    options o;
-    if (parse_args(argc, argv, &o)) return 2;
-    worker_signals_install();
+    worker_args o;
+    if (worker_args_parse(argc, argv, &o, 2, -1, usage)) return 2;
+    proc_stop_on_signals();
     stack_view sv;
-    if (stack_view_open(&sv, o.model_path, o.runid, &worker_stop)) return worker_stop ? 0 : 1;
+    stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop};
+    if (stack_view_open(&sv, &spec)) return proc_stop ? 0 : 1;
     int status = 1;
     worker_link link = {0};
     prefiller *pf = NULL;
@@ -191,7 +132,9 @@ int main(int argc, char **argv) {
     log_info("npu-worker ready: %d thread%s, up to %d tokens per prefill", o.n_threads, o.n_threads == 1 ? "" : "s",
              sv.ctl->params.max_prefill);
     worker w = {&o, &sv, &link, pf, tokens};
-    serve(&w);
+    msg_limits lim;
+    stack_msg_limits(&sv, &lim);
+    worker_link_serve(&link, &lim, PI2__ENVELOPE__BODY_PREFILL_REQUEST, run_prefill, &w);
     log_info("stopping");
     status = 0;
 out:

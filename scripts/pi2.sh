@@ -432,32 +432,41 @@ remove_run() {
         done
     fi
     deadline=$(($(now_ms) + STOP_GRACE_S * 1000))
-    for p in "${pids[@]}"; do
-        while pid_alive "$p" && (($(now_ms) < deadline)); do tick; done
-        if pid_alive "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
-    done
+    for p in "${pids[@]}"; do wait_or_kill "$p" "$deadline" || true; done
     "$BIN_DIR/pi2-ctl" -r "$RUN" cleanup
 }
 
-cmd_down() {
+# wait_or_kill PID DEADLINE_MS: waits for PID to exit until the deadline, then
+# sends it SIGKILL and returns 1.
+wait_or_kill() {
+    while pid_alive "$1" && (($(now_ms) < $2)); do tick; done
+    pid_alive "$1" || return 0
+    kill -KILL "$1" 2>/dev/null || true
+    return 1
+}
+
+# parse_run_only CMD ARGS...: the arguments of a command that takes only -r RUN.
+parse_run_only() {
+    local cmd=$1
+    shift
     while [ $# -gt 0 ]; do
         case $1 in
         -r) set_run "$2"; shift 2 ;;
         -h | --help) usage; exit 0 ;;
-        *) die "down: unknown argument '$1'" ;;
+        *) die "$cmd: unknown argument '$1'" ;;
         esac
     done
     [ -n "$RD" ] || set_run "$RUN"
-    local sp deadline
+}
+
+cmd_down() {
+    parse_run_only down "$@"
+    local sp
     sp=$(supervisor_pid)
     if [ "$sp" -gt 0 ]; then
         kill -TERM "$sp" 2>/dev/null || true
-        deadline=$(($(now_ms) + (STOP_GRACE_S + 10) * 1000))
-        while pid_alive "$sp" && (($(now_ms) < deadline)); do tick; done
-        if pid_alive "$sp"; then
+        wait_or_kill "$sp" $(($(now_ms) + (STOP_GRACE_S + 10) * 1000)) ||
             echo "pi2: the supervisor (pid $sp) did not stop: SIGKILL" >&2
-            kill -KILL "$sp" 2>/dev/null || true
-        fi
     fi
     remove_run
 }
@@ -565,14 +574,7 @@ cmd_up() {
 }
 
 cmd_status() {
-    while [ $# -gt 0 ]; do
-        case $1 in
-        -r) set_run "$2"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        *) die "status: unknown argument '$1'" ;;
-        esac
-    done
-    [ -n "$RD" ] || set_run "$RUN"
+    parse_run_only status "$@"
     [ -d "$RD" ] || die "run '$RUN' is not up (no $RD)"
     load_stack_env
     local sp

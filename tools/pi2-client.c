@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "bus.h"
+#include "cli.h"
 #include "log.h"
 #include "msg.h"
 #include "rundir.h"
@@ -43,28 +44,6 @@ static void usage(FILE *f) {
             "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
 }
 
-static int parse_int(const char *s, const char *flag, long lo, long hi, long *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == 0 || *end || v < lo || v > hi) {
-        log_error("%s: '%s' is not an integer in [%ld, %ld]", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *s, const char *flag, float *out) {
-    char *end;
-    float v = strtof(s, &end);
-    if (*s == 0 || *end || v != v) {
-        log_error("%s: '%s' is not a number", flag, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, options *o) {
     enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_TIMEOUT };
     static const struct option longopts[] = {
@@ -73,8 +52,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"timeout", required_argument, 0, OPT_TIMEOUT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    *o = (options){.runid = env_run && *env_run ? env_run : "default", .prompt = "", .n_predict = 64, .top_k = 40,
+    *o = (options){.runid = cli_default_runid(), .prompt = "", .n_predict = 64, .top_k = 40,
                    .timeout_s = 30, .temp = 0.8f, .top_p = 0.95f, .seed = (uint64_t)time(NULL)};
     long v;
     int c;
@@ -82,13 +60,13 @@ static int parse_args(int argc, char **argv, options *o) {
         switch (c) {
         case 'r': o->runid = optarg; break;
         case 'p': o->prompt = optarg; break;
-        case 'n': if (parse_int(optarg, "-n", 0, MSG_MAX_PREDICT, &v)) return -1; o->n_predict = (int)v; break;
-        case 's': if (parse_int(optarg, "--seed", 0, __LONG_MAX__, &v)) return -1; o->seed = (uint64_t)v; break;
-        case OPT_TEMP: if (parse_float(optarg, "--temp", &o->temp)) return -1; break;
-        case OPT_TOPK: if (parse_int(optarg, "--top-k", 0, 1 << 24, &v)) return -1; o->top_k = (int)v; break;
-        case OPT_TOPP: if (parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
+        case 'n': if (cli_parse_int(optarg, "-n", 0, MSG_MAX_PREDICT, &o->n_predict)) return -1; break;
+        case 's': if (cli_parse_long(optarg, "--seed", 0, __LONG_MAX__, &v)) return -1; o->seed = (uint64_t)v; break;
+        case OPT_TEMP: if (cli_parse_float(optarg, "--temp", &o->temp)) return -1; break;
+        case OPT_TOPK: if (cli_parse_int(optarg, "--top-k", 0, 1 << 24, &o->top_k)) return -1; break;
+        case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
-        case OPT_TIMEOUT: if (parse_int(optarg, "--timeout", 1, 86400, &v)) return -1; o->timeout_s = (int)v; break;
+        case OPT_TIMEOUT: if (cli_parse_int(optarg, "--timeout", 1, 86400, &o->timeout_s)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

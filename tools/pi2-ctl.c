@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "log.h"
 #include "rundir.h"
 #include "shm.h"
@@ -236,22 +237,13 @@ int main(int argc, char **argv) {
                                              {"timeout", required_argument, 0, 't'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    const char *env_run = getenv("PI2_RUN");
-    const char *runid = env_run && *env_run ? env_run : "default";
+    const char *runid = cli_default_runid();
     double timeout_s = 120;
     int c;
     while ((c = getopt_long(argc, argv, "r:t:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'r': runid = optarg; break;
-        case 't': {
-            char *end;
-            timeout_s = strtod(optarg, &end);
-            if (!*optarg || *end || !(timeout_s >= 0 && timeout_s < 1e7)) {
-                log_error("--timeout: '%s' is not a number of seconds", optarg);
-                return 2;
-            }
-            break;
-        }
+        case 't': if (cli_parse_double(optarg, "--timeout", 0, 1e7, &timeout_s)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "log.h"
 #include "model.h"
 #include "predictor.h"
@@ -45,28 +46,6 @@ typedef struct {
     int type;
 } options;
 
-static int parse_long(const char *s, const char *flag, long lo, long hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        log_error("%s: '%s' is not an integer in [%ld, %ld]", flag, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_double(const char *s, const char *flag, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*s || *end || !(v >= lo && v <= hi)) {
-        log_error("%s: '%s' is not a number in [%g, %g]", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, options *o) {
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"output", required_argument, 0, 'o'},
@@ -84,9 +63,9 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'm': o->model_path = optarg; break;
         case 'o': o->out_path = optarg; break;
         case 'P': o->pred_path = optarg; break;
-        case 'r': bad = parse_long(optarg, "--rank", 1, 1 << 16, &o->rank); break;
-        case 1: bad = parse_double(optarg, "--recall", 1e-3, 1, &o->recall); break;
-        case 2: bad = parse_double(optarg, "--silu-keep", 1e-3, 0.999, &o->silu_keep); break;
+        case 'r': bad = cli_parse_int(optarg, "--rank", 1, 1 << 16, &o->rank); break;
+        case 1: bad = cli_parse_double(optarg, "--recall", 1e-3, 1, &o->recall); break;
+        case 2: bad = cli_parse_double(optarg, "--silu-keep", 1e-3, 0.999, &o->silu_keep); break;
         case 3:
             o->type = ggml_type_from_name(optarg);
             if (o->type != GGML_TYPE_F32 && o->type != GGML_TYPE_F16 && o->type != GGML_TYPE_Q8_0) {
@@ -94,11 +73,11 @@ static int parse_args(int argc, char **argv, options *o) {
                 bad = 1;
             }
             break;
-        case 4: bad = parse_long(optarg, "--power-iters", 0, 20, &o->power_iters); break;
+        case 4: bad = cli_parse_int(optarg, "--power-iters", 0, 20, &o->power_iters); break;
         case 5: o->prompts_path = optarg; break;
-        case 'n': bad = parse_long(optarg, "--tokens", 1, 1 << 24, &o->n_tokens); break;
-        case 6: bad = parse_long(optarg, "--gen", 0, 1 << 16, &o->gen); break;
-        case 't': bad = parse_long(optarg, "--threads", 1, 256, &o->threads); break;
+        case 'n': bad = cli_parse_int(optarg, "--tokens", 1, 1 << 24, &o->n_tokens); break;
+        case 6: bad = cli_parse_int(optarg, "--gen", 0, 1 << 16, &o->gen); break;
+        case 't': bad = cli_parse_int(optarg, "--threads", 1, 256, &o->threads); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
