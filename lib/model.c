@@ -1,9 +1,15 @@
 #include "model.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels.h"
 
@@ -167,15 +173,74 @@ static int read_weights(loader *L) {
     return 0;
 }
 
-int model_load(model *m, const char *path, char *err, size_t errlen) {
-    memset(m, 0, sizeof *m);
-    loader L = {m, path, err, errlen};
-    if (gguf_open(&m->gguf, path, err, errlen)) return -1;
-    if (read_hparams(&L) || read_weights(&L)) {
+static int read_model(model *m, loader *L) {
+    if (read_hparams(L) || read_weights(L)) {
         model_free(m);
         return -1;
     }
     return 0;
+}
+
+int model_load(model *m, const char *path, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    loader L = {m, path, err, errlen};
+    if (gguf_open(&m->gguf, path, err, errlen)) return -1;
+    return read_model(m, &L);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* Anonymous memory aligned to and rounded up to 2 MiB, so that all of it can
+ * be backed by huge pages; NULL on failure. */
+static void *alloc_huge(size_t size, size_t *mapped) {
+    size_t len = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    uint8_t *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
+    if (aligned + len < raw + len + HUGE_PAGE) munmap(aligned + len, (size_t)(raw + len + HUGE_PAGE - (aligned + len)));
+    madvise(aligned, len, MADV_HUGEPAGE); /* advisory: without THP the copy still works, on 4 KiB pages */
+    *mapped = len;
+    return aligned;
+}
+
+static int read_all(int fd, uint8_t *buf, size_t size) {
+    for (size_t done = 0; done < size;) {
+        ssize_t n = pread(fd, buf + done, size - done < (1u << 30) ? size - done : (1u << 30), (off_t)done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+int model_load_resident(model *m, const char *path, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    loader L = {m, path, err, errlen};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size, mapped = 0;
+    uint8_t *buf = S_ISREG(st.st_mode) ? alloc_huge(size ? size : 1, &mapped) : NULL;
+    if (!buf || read_all(fd, buf, size)) {
+        snprintf(err, errlen, "%s: %s", path, !S_ISREG(st.st_mode) ? "not a regular file"
+                                              : buf ? "read failed or the file shrank" : "out of memory");
+        if (buf) munmap(buf, mapped);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    if (gguf_parse(&m->gguf, buf, size, path, err, errlen)) {
+        munmap(buf, mapped);
+        return -1;
+    }
+    m->resident = buf;
+    m->resident_bytes = mapped;
+    return read_model(m, &L);
 }
 
 void model_free(model *m) {
@@ -188,6 +253,7 @@ void model_free(model *m) {
     free(m->layers);
     free(m->output_norm);
     gguf_close(&m->gguf);
+    if (m->resident) munmap(m->resident, m->resident_bytes);
     memset(m, 0, sizeof *m);
 }
 

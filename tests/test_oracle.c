@@ -174,10 +174,33 @@ static int convert_stories(char *out, size_t cap) {
     return system(cmd);
 }
 
+/* A model read into memory (model_load_resident, pi2-ref --load) computes
+ * exactly what the mapped one does: same bytes, other pages. */
+static void check_resident_matches_mapped(const char *model_path) {
+    char err[512];
+    model mapped, resident;
+    if (model_load(&mapped, model_path, err, sizeof err)) { CHECK(0, "%s", err); return; }
+    if (model_load_resident(&resident, model_path, err, sizeof err)) { CHECK(0, "%s", err); model_free(&mapped); return; }
+    CHECK(resident.resident != NULL && resident.tok_embd.data != mapped.tok_embd.data, "resident model still points into the mapping");
+    engine *a = engine_new(&mapped, 2, 64, err, sizeof err), *b = engine_new(&resident, 2, 64, err, sizeof err);
+    int same = a && b;
+    for (int pos = 0; pos < 8 && same; pos++) {
+        float *la = engine_forward(a, 1 + pos * 7, pos), *lb = engine_forward(b, 1 + pos * 7, pos);
+        same = la && lb && !memcmp(la, lb, sizeof(float) * (size_t)mapped.n_vocab);
+    }
+    CHECK(same, "%s: resident and mapped models give different logits", model_path);
+    engine_free(a);
+    engine_free(b);
+    model_free(&resident);
+    model_free(&mapped);
+}
+
 int main(void) {
     char path[512], model_path[512], ours[256];
     int converted = convert_stories(ours, sizeof ours) == 0;
     CHECK(converted, "convert-llama2c failed on models/stories260K.bin");
+    snprintf(model_path, sizeof model_path, "%s/oracle/synth-q4_0.gguf", shared_dir());
+    check_resident_matches_mapped(model_path);
     for (int p = 1; p <= 3 && converted; p++) {
         snprintf(path, sizeof path, "%s/oracle/llama.cpp/stories260K.p%d.json", shared_dir(), p);
         check_prompt_tokens(ours, path);
