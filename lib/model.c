@@ -269,3 +269,32 @@ uint64_t model_bytes_per_token(const model *m) {
     }
     return total;
 }
+
+#define TRANSPOSE_CHUNK 256 /* columns dequantized at a time: a multiple of every block size */
+
+int weight_transpose(const weight *w, uint32_t type, weight *out) {
+    memset(out, 0, sizeof *out);
+    if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && w->rows % QK8_0) return -1;
+    size_t row_bytes = ggml_row_bytes(type, (uint64_t)w->rows);
+    char *data = malloc((size_t)w->cols * row_bytes);
+    float *tile = malloc(sizeof(float) * TRANSPOSE_CHUNK * (size_t)w->rows); /* [rows][chunk] */
+    float *column = malloc(sizeof(float) * (size_t)w->rows);
+    if (!data || !tile || !column) {
+        free(data); free(tile); free(column);
+        return -1;
+    }
+    for (int64_t c0 = 0; c0 < w->cols; c0 += TRANSPOSE_CHUNK) {
+        int64_t len = w->cols - c0 < TRANSPOSE_CHUNK ? w->cols - c0 : TRANSPOSE_CHUNK;
+        for (int64_t r = 0; r < w->rows; r++)
+            dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes + ggml_row_bytes(w->type, (uint64_t)c0),
+                           tile + (size_t)r * TRANSPOSE_CHUNK, len);
+        for (int64_t j = 0; j < len; j++) {
+            for (int64_t r = 0; r < w->rows; r++) column[r] = tile[(size_t)r * TRANSPOSE_CHUNK + (size_t)j];
+            quantize_row(type, column, data + (size_t)(c0 + j) * row_bytes, w->rows);
+        }
+    }
+    free(tile);
+    free(column);
+    *out = (weight){data, type, w->cols, w->rows, row_bytes};
+    return 0;
+}

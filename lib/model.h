@@ -66,4 +66,12 @@ void model_free(model *m);
 /* Total bytes of the weights read by one dense decode token. */
 uint64_t model_bytes_per_token(const model *m);
 
+/* A neuron-major copy of a weight (out row c = column c of w, dequantized and
+ * stored as `type`), for sparse decode of files without PowerInfer's ffn_down_t.
+ * F32 from F32/F16 is exact; Q8_0 from a quantized weight is a requantization,
+ * not bit-exact. Costs w->cols * row bytes of heap (ffn_down of a 7B layer:
+ * 180 MB as F32, 48 MB as Q8_0). Q8_0 needs w->rows % 32 == 0. Returns 0, or
+ * -1 (out of memory / bad shape); the caller free()s out->data. */
+int weight_transpose(const weight *w, uint32_t type, weight *out);
+
 #endif

@@ -19,6 +19,7 @@ typedef struct {
     float temp, top_p;
     uint64_t seed;
     int ignore_eos, load;
+    ffn_mode ffn;
 } options;
 
 static void usage(FILE *f) {
@@ -36,19 +37,22 @@ static void usage(FILE *f) {
             "      --ignore-eos     keep generating after end-of-sequence\n"
             "      --load           read the model into memory on 2 MiB pages instead of mapping it\n"
             "                       (needs RAM for the whole file; fewer TLB misses, faster decode)\n"
+            "      --ffn MODE       dense (default) or gate-first: ReLU models only; every gate row,\n"
+            "                       then up and down only for the neurons that fire (same tokens;\n"
+            "                       logits differ from dense by rounding)\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"ctx-size", required_argument, 0, 'c'}, {"seed", required_argument, 0, 's'},
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"load", no_argument, 0, OPT_LOAD},
+        {"load", no_argument, 0, OPT_LOAD}, {"ffn", required_argument, 0, OPT_FFN},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
                    .seed = (uint64_t)time(NULL)};
@@ -67,6 +71,11 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_LOAD: o->load = 1; break;
+        case OPT_FFN:
+            if (!strcmp(optarg, "dense")) o->ffn = FFN_DENSE;
+            else if (!strcmp(optarg, "gate-first")) o->ffn = FFN_GATE_FIRST;
+            else { log_error("--ffn '%s': expected dense or gate-first", optarg); return -1; }
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -89,6 +98,17 @@ static void emit(const tokenizer *tok, int token) {
     fflush(stdout);
 }
 
+static double dense_ffn_bytes(const model *m) {
+    double total = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        const weight *down = w->down.data ? &w->down : &w->down_t;
+        total += (double)w->gate.rows * w->gate.row_bytes + (double)w->up.rows * w->up.row_bytes +
+                 (double)down->rows * down->row_bytes;
+    }
+    return total;
+}
+
 static int generate(const options *o, const model *m, const tokenizer *tok, engine *e) {
     int n_ctx = engine_n_ctx(e);
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
@@ -107,6 +127,7 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     for (int i = 0; i < n_prompt; i++) logits = engine_forward(e, tokens[i], i);
     t_prompt = now_s() - t0;
     int n_gen = 0, pos = n_prompt;
+    double ffn_active = 0, ffn_bytes = 0; /* summed over decode steps */
     double t1 = now_s();
     while (n_gen < o->n_predict) {
         int next = sampler_sample(&smp, logits, m->n_vocab);
@@ -115,12 +136,22 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
         n_gen++;
         if (pos >= n_ctx) { log_warn("context of %d tokens is full", n_ctx); break; }
         logits = engine_forward(e, next, pos++);
+        uint64_t active, touched;
+        engine_ffn_stats(e, &active, &touched);
+        ffn_active += (double)active;
+        ffn_bytes += (double)touched;
     }
     double t_gen = now_s() - t1;
     fputc('\n', stdout);
     double gen_rate = n_gen / (t_gen > 0 ? t_gen : 1e-9), bytes = (double)model_bytes_per_token(m);
     log_info("prompt: %d tokens in %.3f s (%.2f tok/s); generated: %d tokens in %.3f s (%.2f tok/s)", n_prompt,
              t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen, t_gen, gen_rate);
+    if (o->ffn == FFN_GATE_FIRST && n_gen > 0) {
+        double per_token = ffn_bytes / n_gen;
+        bytes += per_token - (double)dense_ffn_bytes(m);
+        log_info("gate-first FFN: active fraction %.4f, %.2f MB of FFN weights touched per token (dense %.2f MB)",
+                 ffn_active / n_gen / ((double)m->n_layer * m->n_ff), per_token / 1e6, dense_ffn_bytes(m) / 1e6);
+    }
     log_info("decode streams %.1f MB of weights per token: %.2f GB/s", bytes / 1e6, gen_rate * bytes / 1e9);
     sampler_free(&smp);
     free(tokens);
@@ -143,8 +174,14 @@ int main(int argc, char **argv) {
     if (tokenizer_n_vocab(tok) != m.n_vocab) log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(tok), m.n_vocab);
     engine *e = engine_new(&m, o.n_threads, o.n_ctx, err, sizeof err);
     if (!e) { log_error("%s", err); tokenizer_free(tok); model_free(&m); return 1; }
-    log_info("%s: %s, %d layers, dim %d, ffn %d (%s), vocab %d, ctx %d, %d threads", o.model_path, m.arch, m.n_layer,
-             m.n_embd, m.n_ff, ffn_act_name(m.act), m.n_vocab, engine_n_ctx(e), o.n_threads);
+    if (engine_set_ffn_mode(e, o.ffn, err, sizeof err)) {
+        log_error("%s: %s", o.model_path, err);
+        engine_free(e); tokenizer_free(tok); model_free(&m);
+        return 1;
+    }
+    log_info("%s: %s, %d layers, dim %d, ffn %d (%s, %s), vocab %d, ctx %d, %d threads", o.model_path, m.arch,
+             m.n_layer, m.n_embd, m.n_ff, ffn_act_name(m.act), o.ffn == FFN_GATE_FIRST ? "gate-first" : "dense",
+             m.n_vocab, engine_n_ctx(e), o.n_threads);
     int rc = generate(&o, &m, tok, e) ? 1 : 0;
     engine_free(e);
     tokenizer_free(tok);
