@@ -1,7 +1,11 @@
-/* The four segments of a run: created fresh (and prefaulted), or, when a
- * previous cachemgr of the same run left them, re-attached and kept. */
+/* The four segments of a run: created fresh, or, when a previous cachemgr
+ * of the same run left them, re-attached and kept. kv, act and ctl are
+ * prefaulted (the token path touches them); weights are only reserved, since
+ * the io-worker's reads overwrite every page anyway and prefaulting them
+ * costs more than the load. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "cachemgr.h"
 #include "log.h"
@@ -9,6 +13,7 @@
 typedef struct {
     const char *what;
     enum shm_kind kind;
+    unsigned create_flags;
     int n;
     struct shm_region_spec regions[2];
 } segment_spec;
@@ -18,12 +23,12 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
     act_layout act;
     act_layout_compute(&act, &c->m, p);
     uint64_t kv = kv_region_bytes(&c->m, p->n_ctx);
-    out[SEG_WEIGHTS] = (segment_spec){STACK_SEG_WEIGHTS, SHM_KIND_WEIGHTS, 1,
+    out[SEG_WEIGHTS] = (segment_spec){STACK_SEG_WEIGHTS, SHM_KIND_WEIGHTS, SHM_CREATE_NO_PREFAULT, 1,
                                       {{"data", weights_region_bytes(&c->m), SHM_ALIGN_PAGE}}};
-    out[SEG_KV] = (segment_spec){STACK_SEG_KV, SHM_KIND_KV, 2,
+    out[SEG_KV] = (segment_spec){STACK_SEG_KV, SHM_KIND_KV, 0, 2,
                                  {{"k", kv, SHM_ALIGN_PAGE}, {"v", kv, SHM_ALIGN_PAGE}}};
-    out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 1, {{"act", act.total, SHM_ALIGN_PAGE}}};
-    out[SEG_CTL] = (segment_spec){STACK_SEG_CTL, SHM_KIND_CONTROL, 1,
+    out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 0, 1, {{"act", act.total, SHM_ALIGN_PAGE}}};
+    out[SEG_CTL] = (segment_spec){STACK_SEG_CTL, SHM_KIND_CONTROL, 0, 1,
                                   {{"ctl", sizeof(stack_ctl), SHM_ALIGN_CACHELINE}}};
 }
 
@@ -54,11 +59,23 @@ static shm_segment *attach_matching(const char *name, const segment_spec *s) {
     return seg;
 }
 
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static shm_segment *create(const char *name, const segment_spec *s, double *prefault_s, uint64_t *bytes) {
-    shm_segment *seg = shm_create(name, s->kind, s->regions, s->n, SHM_CREATE_REPLACE);
+    double t0 = now_seconds();
+    shm_segment *seg = shm_create(name, s->kind, s->regions, s->n, SHM_CREATE_REPLACE | s->create_flags);
     if (!seg) {
         log_error("create %s: %s", name, shm_last_error());
         return NULL;
+    }
+    if (s->create_flags & SHM_CREATE_NO_PREFAULT) {
+        log_info("%s: %.3f GB reserved, not prefaulted, in %.3f s", name, (double)shm_size(seg) / 1e9,
+                 now_seconds() - t0);
+        return seg;
     }
     *prefault_s += shm_prefault_seconds(seg);
     *bytes += shm_size(seg);

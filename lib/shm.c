@@ -196,14 +196,19 @@ static uint64_t retire_existing(const char *name) {
     return gen;
 }
 
-/* Allocates every page now (fallocate fails cleanly when /dev/shm is full,
- * where a later first touch would SIGBUS), then maps them all. */
-static int prefault(int fd, uint8_t *base, uint64_t size) {
+/* Allocates every page now: fallocate fails cleanly when /dev/shm is full,
+ * where a later first touch would SIGBUS. */
+static int reserve(int fd, uint64_t size) {
     int rc = posix_fallocate(fd, 0, (off_t)size);
     if (rc) {
-        set_err("prefault: fallocate %llu bytes: %s", (unsigned long long)size, strerror(rc));
+        set_err("reserve: fallocate %llu bytes: %s", (unsigned long long)size, strerror(rc));
         return -1;
     }
+    return 0;
+}
+
+/* Maps every (reserved) page now, so the token path takes no page faults. */
+static int prefault(uint8_t *base, uint64_t size) {
     if (madvise(base, size, MADV_POPULATE_WRITE) == 0) return 0;
     if (errno != EINVAL) {
         set_err("prefault: madvise(MADV_POPULATE_WRITE): %s", strerror(errno));
@@ -269,8 +274,11 @@ shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_r
         goto fail;
     }
     double t0 = now_seconds();
-    if (prefault(seg->fd, seg->base, seg->size)) goto fail;
-    seg->prefault_seconds = now_seconds() - t0;
+    if (reserve(seg->fd, seg->size)) goto fail;
+    if (!(flags & SHM_CREATE_NO_PREFAULT)) {
+        if (prefault(seg->base, seg->size)) goto fail;
+        seg->prefault_seconds = now_seconds() - t0;
+    }
 
     /* Magic goes in last, so a process attaching meanwhile sees either no
      * magic or a complete header, never a torn one. */

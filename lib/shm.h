@@ -69,6 +69,9 @@ typedef struct shm_segment shm_segment;
 enum {
     SHM_CREATE_REPLACE = 1 << 0, /* an existing segment of that name is marked stale and replaced */
     SHM_ATTACH_READONLY = 1 << 1,
+    /* Reserve the pages (a full /dev/shm still fails here) but do not map
+     * them: for a segment the creator overwrites anyway, e.g. weights. */
+    SHM_CREATE_NO_PREFAULT = 1 << 2,
 };
 
 const char *shm_last_error(void);
@@ -77,8 +80,9 @@ const char *shm_last_error(void);
 int shm_make_name(char *buf, size_t len, const char *runid, const char *what);
 
 /* Creates, sizes (header + regions), fills the header and prefaults every
- * page (allocation happens here, at start-up, not on the token path).
- * Fails if the name exists unless SHM_CREATE_REPLACE. */
+ * page (allocation happens here, at start-up, not on the token path;
+ * SHM_CREATE_NO_PREFAULT only reserves them). Fails if the name exists
+ * unless SHM_CREATE_REPLACE. */
 shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_region_spec *specs,
                         int n_specs, unsigned flags);
 /* Maps an existing segment after validating magic, version, kind, size
@@ -106,7 +110,8 @@ uint64_t shm_generation(const shm_segment *seg);
 bool shm_is_stale(const shm_segment *seg);
 /* The creator calls this after re-initialising the contents in place. */
 uint64_t shm_bump_generation(shm_segment *seg);
-/* Seconds spent prefaulting in shm_create (0 for an attached segment). */
+/* Seconds spent prefaulting in shm_create (0 for an attached segment or
+ * one created with SHM_CREATE_NO_PREFAULT). */
 double shm_prefault_seconds(const shm_segment *seg);
 
 /* Cleanup for `pi2 down`: every segment whose name (without the leading

@@ -314,6 +314,43 @@ static void test_prefault_speed(void) {
     shm_unlink_name(name);
 }
 
+/* A reserved-only segment is as valid as a prefaulted one: same header,
+ * attachable, every page reads zero; only the prefault time is skipped. */
+static void test_no_prefault(void) {
+    char name[SHM_NAME_MAX];
+    seg_name(name, "lazy");
+    shm_segment *seg = shm_create(name, SHM_KIND_WEIGHTS, test_regions, N_TEST_REGIONS, SHM_CREATE_NO_PREFAULT);
+    CHECK(seg != NULL, "create without prefault: %s", shm_last_error());
+    if (!seg) return;
+    CHECK(shm_prefault_seconds(seg) == 0.0, "prefault seconds %g", shm_prefault_seconds(seg));
+    struct stat st;
+    int fd = shm_open(name, O_RDONLY, 0);
+    CHECK(fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size == shm_size(seg) &&
+              (uint64_t)st.st_blocks * 512 >= shm_size(seg),
+          "every page reserved (%lld of %llu bytes)", fd >= 0 ? (long long)st.st_blocks * 512 : -1LL,
+          (unsigned long long)shm_size(seg));
+    if (fd >= 0) close(fd);
+    shm_segment *att = shm_attach(name, SHM_KIND_WEIGHTS, SHM_ATTACH_READONLY);
+    CHECK(att != NULL && shm_region_count(att) == N_TEST_REGIONS, "attach: %s", shm_last_error());
+    if (att) {
+        int nonzero = 0;
+        for (int i = 0; i < N_TEST_REGIONS; i++) {
+            uint64_t sz = 0;
+            const uint8_t *p = shm_region_ptr(att, test_regions[i].name, &sz);
+            CHECK(p && sz == test_regions[i].size, "region %s", test_regions[i].name);
+            for (uint64_t j = 0; p && j < sz; j++) nonzero += p[j] != 0;
+        }
+        CHECK(nonzero == 0, "%d non-zero bytes in a fresh segment", nonzero);
+        uint8_t *emb = shm_region_ptr(seg, "embeddings", NULL);
+        const uint8_t *seen = shm_region_ptr(att, "embeddings", NULL);
+        if (emb) emb[123] = 0x5a;
+        CHECK(seen && seen[123] == 0x5a, "a write by the creator reaches the attached mapping");
+        shm_detach(att);
+    }
+    shm_detach(seg);
+    shm_unlink_name(name);
+}
+
 static void count_name(const char *name, void *ctx) {
     (void)name;
     (*(int *)ctx)++;
@@ -361,6 +398,7 @@ int main(void) {
     test_hostile_headers();
     test_generation_across_processes();
     test_prefault_speed();
+    test_no_prefault();
     test_unlink_by_prefix();
     cleanup();
     char prefix[SHM_NAME_MAX];
