@@ -1,6 +1,7 @@
 /* Internal to the AVX-512 kernel files (lib/kernels*_avx512.c, compiled with the
- * AVX-512 flags): block loaders shared by the fast and the exact quantized
- * dots, and the functions each file contributes to the two kernel tables. */
+ * AVX-512 flags, which includes lib/sparse_avx512.c): block loaders shared by
+ * the fast and the exact quantized dots, and the functions each file
+ * contributes to the two kernel tables and to the sparse gather dots. */
 #ifndef PI2_KERNELS_AVX512_H
 #define PI2_KERNELS_AVX512_H
 
@@ -67,8 +68,11 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n);
 
 /* kernels_fast_avx512.c: quantized dots in the fastest order */
 float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n);
+float dot_q8_0_fast_pf_avx512(const block_q8_0 *w, const block_q8_0 *x, int n, const char *pf);
 float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n);
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
+/* y[r] = dot_q4_0_fast_avx512(rows[r], x, n) bit for bit, for the sparse gather */
+void dot_rows_q4_0_fast_avx512(const block_q4_0 *const *rows, int nrows, const block_q8_0 *x, float *y, int n);
 
 /* kernels_exact_avx512.c: quantized dots in llama.cpp's order */
 float dot_q8_0_exact_avx512(const block_q8_0 *w, const block_q8_0 *x, int n);

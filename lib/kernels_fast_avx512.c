@@ -12,11 +12,19 @@ static __m512 pair_scale(const void *w_d0, const void *x_d0, const void *w_d1, c
     return _mm512_insertf32x8(lo, _mm256_set1_ps(load_f16(w_d1) * load_f16(x_d1)), 1);
 }
 
-float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
+/* pf: NULL, or a row whose lines are prefetched as w's are consumed (the next
+ * row of a sparse gather, which the hardware prefetcher cannot guess) */
+float dot_q8_0_fast_pf_avx512(const block_q8_0 *w, const block_q8_0 *x, int n, const char *pf) {
     const int nb = n / QK8_0;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
+        if (pf) { /* 136 bytes a step: 3 lines, some twice */
+            const char *p = pf + (size_t)b * sizeof(block_q8_0);
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + 64, _MM_HINT_T0);
+            _mm_prefetch(p + 128, _MM_HINT_T0);
+        }
         const __m512i s0 = dot_i8_pair(load_q8_pair(w + b), load_q8_pair(x + b));
         const __m512i s1 = dot_i8_pair(load_q8_pair(w + b + 2), load_q8_pair(x + b + 2));
         acc0 = _mm512_fmadd_ps(pair_scale(&w[b].d, &x[b].d, &w[b + 1].d, &x[b + 1].d), _mm512_cvtepi32_ps(s0), acc0);
@@ -35,6 +43,10 @@ float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
+    return dot_q8_0_fast_pf_avx512(w, x, n, NULL);
+}
+
 /* ---- Q4_0 x Q8_0: the activation is regrouped so that four weight blocks
  * fill one register (block k in 128-bit lane k, low nibbles and high nibbles
  * in two registers), with its correction term and scales; per row that leaves
@@ -46,6 +58,7 @@ float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
 #define HOT static inline __attribute__((always_inline)) /* a call per quad costs ~15% in cache */
 #define GEMV_ROW_GROUP 16     /* rows that share one prepared chunk before the next */
 #define GEMV_PREFETCH_BYTES 4096 /* software prefetch distance in the weight stream */
+#define GATHER_PREFETCH_ROWS 2   /* the same for a list of scattered rows, in rows */
 
 /* 4 activation blocks, regrouped */
 typedef struct {
@@ -91,12 +104,14 @@ HOT __m512 quad_scales(__m512i head) {
     return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_loadu_si512(idx), head)));
 }
 
-/* acc + the products of 4 weight blocks with an activation quad, scaled by d_w*d_x */
-HOT __m512 q4_quad(__m512 acc, const block_q4_0 *wb, const q4_xquad *q) {
+/* acc + the products of 4 weight blocks with an activation quad, scaled by
+ * d_w*d_x; prefetches the line at pf (dense: GEMV_PREFETCH_BYTES ahead in the
+ * weight stream; gather: the same place in a row further down the list) */
+HOT __m512 q4_quad(__m512 acc, const block_q4_0 *wb, const q4_xquad *q, const char *pf) {
     const __m512i nibble = _mm512_set1_epi8(0x0f);
     /* measured (tools/kernel-bench, 4096-wide rows): ~16 GB/s from memory
      * with this prefetch, ~12.5 GB/s without */
-    _mm_prefetch((const char *)wb + GEMV_PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch(pf, _MM_HINT_T0);
     const __m512i head = _mm512_loadu_si512(wb), tail = _mm512_loadu_si512((const char *)wb + 8);
     const __m512i v = quad_nibbles(head, tail);
     __m512i isum = _mm512_dpbusd_epi32(q->neg_corr, _mm512_and_si512(v, nibble), q->x_lo);
@@ -122,14 +137,16 @@ static float q4_chunk_tail(float sum, const block_q4_0 *w, const block_q8_0 *x, 
     return sum;
 }
 
-static float q4_row_prepared(const block_q4_0 *w, const q4_xquad *quads, int nquads) {
+/* pf: where to prefetch along with w's first quad (one line per quad) */
+static float q4_row_prepared(const block_q4_0 *w, const q4_xquad *quads, int nquads, const char *pf) {
+    const size_t quad_bytes = 4 * sizeof(block_q4_0);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     int k = 0;
     for (; k + 2 <= nquads; k += 2) {
-        acc0 = q4_quad(acc0, w + 4 * k, &quads[k]);
-        acc1 = q4_quad(acc1, w + 4 * k + 4, &quads[k + 1]);
+        acc0 = q4_quad(acc0, w + 4 * k, &quads[k], pf + k * quad_bytes);
+        acc1 = q4_quad(acc1, w + 4 * k + 4, &quads[k + 1], pf + (k + 1) * quad_bytes);
     }
-    if (k < nquads) acc0 = q4_quad(acc0, w + 4 * k, &quads[k]);
+    if (k < nquads) acc0 = q4_quad(acc0, w + 4 * k, &quads[k], pf + k * quad_bytes);
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
@@ -138,12 +155,12 @@ static float q4_row_direct(const block_q4_0 *w, const block_q8_0 *x, int nquads)
     int k = 0;
     for (; k + 2 <= nquads; k += 2) {
         const q4_xquad q0 = prepare_xquad(x + 4 * k), q1 = prepare_xquad(x + 4 * k + 4);
-        acc0 = q4_quad(acc0, w + 4 * k, &q0);
-        acc1 = q4_quad(acc1, w + 4 * k + 4, &q1);
+        acc0 = q4_quad(acc0, w + 4 * k, &q0, (const char *)(w + 4 * k) + GEMV_PREFETCH_BYTES);
+        acc1 = q4_quad(acc1, w + 4 * k + 4, &q1, (const char *)(w + 4 * k + 4) + GEMV_PREFETCH_BYTES);
     }
     if (k < nquads) {
         const q4_xquad q = prepare_xquad(x + 4 * k);
-        acc0 = q4_quad(acc0, w + 4 * k, &q);
+        acc0 = q4_quad(acc0, w + 4 * k, &q, (const char *)(w + 4 * k) + GEMV_PREFETCH_BYTES);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
@@ -169,9 +186,31 @@ void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q
             for (int k = 0; k < nquads; k++) chunk[k] = prepare_xquad(x + b0 + 4 * k);
             for (int r = r0; r < r1; r++) {
                 const block_q4_0 *row = (const block_q4_0 *)((const char *)w + (size_t)r * row_stride) + b0;
-                const float sum = q4_chunk_tail(q4_row_prepared(row, chunk, nquads), row, x + b0, 4 * nquads, cb);
+                const float sum = q4_chunk_tail(q4_row_prepared(row, chunk, nquads, (const char *)row + GEMV_PREFETCH_BYTES),
+                                                row, x + b0, 4 * nquads, cb);
                 y[r] = b0 == 0 ? sum : y[r] + sum;
             }
+        }
+    }
+}
+
+/* The gemv's order for rows at arbitrary addresses (a sparse gather): each
+ * chunk of the activation is prepared once for all the rows, and each row
+ * prefetches the row GATHER_PREFETCH_ROWS further down the list, which the
+ * hardware prefetcher cannot guess (the dense stride prefetch would fetch
+ * unrelated memory). */
+void dot_rows_q4_0_fast_avx512(const block_q4_0 *const *rows, int nrows, const block_q8_0 *x, float *y, int n) {
+    const int nb = n / QK4_0;
+    q4_xquad chunk[CHUNK_BLOCKS / 4];
+    for (int b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+        const int cb = nb - b0 < CHUNK_BLOCKS ? nb - b0 : CHUNK_BLOCKS, nquads = cb / 4;
+        for (int k = 0; k < nquads; k++) chunk[k] = prepare_xquad(x + b0 + 4 * k);
+        for (int r = 0; r < nrows; r++) {
+            const int ahead = r + GATHER_PREFETCH_ROWS < nrows ? r + GATHER_PREFETCH_ROWS : nrows - 1;
+            const block_q4_0 *row = rows[r] + b0;
+            const float sum = q4_chunk_tail(q4_row_prepared(row, chunk, nquads, (const char *)(rows[ahead] + b0)), row,
+                                            x + b0, 4 * nquads, cb);
+            y[r] = b0 == 0 ? sum : y[r] + sum;
         }
     }
 }

@@ -1,34 +1,23 @@
 /* AVX-512 (F/BW/VL/DQ + VNNI) sparse kernels; reached only through
- * sparse_kernels_avx512() after the CPU check. Dots reproduce the avx512-exact
- * dense set (llama.cpp's order) bit for bit; axpy follows the scalar
- * definition exactly.
+ * sparse_kernels_avx512() after the CPU check. Dots reproduce the default
+ * avx512 dense set bit for bit (the quantized ones by calling its row code);
+ * axpy follows the scalar definition exactly.
  *
  * The weights are a gather of scattered rows, so each kernel prefetches along
  * the concatenation of its current rows and the next ones: near the end of a
  * row the lines ahead are the next row's first lines, which the hardware
  * prefetcher cannot guess. */
-#include <immintrin.h>
-#include <string.h>
-
-#include "kernels.h"
+#include "kernels_avx512.h"
 #include "sparse_kernels.h"
 #include "sparse_rows.h"
 
-/* bytes ahead in each stream: one stream gets a long lead, 16 concurrent ones
- * a short lead each (tools/sparse-bench saw no difference between 256 and
- * 1024 for the lanes: the hardware prefetcher follows each row once started) */
+/* bytes ahead in each stream: one row streamed alone gets a long lead, the
+ * AXPY_ROWS concurrent ones a shorter lead each */
 #define PREFETCH_ROW 1024
-#define PREFETCH_LANES 256
+#define Q8_AHEAD 1 /* rows ahead for the Q8_0 dots */
 #define PREFETCH_AXPY 512
 
-#define LANES 16     /* rows per quantized dot pass, one per float lane */
 #define AXPY_ROWS 8  /* rows applied per pass over y */
-
-static float load_f16(const void *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
 
 static __mmask16 tail_mask16(int left) { return (__mmask16)((1u << left) - 1); }
 
@@ -98,123 +87,30 @@ static void dot_seq_f16(const row_seq *s, const uint16_t *x, int n) {
         *row_seq_out(s, i) = dot_row_f16(row_seq_row(s, i), i + 1 < len ? row_seq_row(s, i + 1) : NULL, x, n);
 }
 
-/* ---- Q8_0 / Q4_0 dots: 16 rows at once, one per float lane ----
- * Each lane runs ggml's block-by-block chain acc = fma(isum_b, d_w * d_x, acc),
- * the arithmetic of dot_q8_0_ggml/dot_q4_0_ggml, so results match them exactly.
- * Integer partial sums come from vpdpbusd with four rows per register: 128-bit
- * lane j of register g holds row 4j+g, so the add-transpose below lands row r
- * in float lane r. */
+/* ---- Q8_0 / Q4_0 dots: the default avx512 set's own row code (kernels_fast_avx512.c) ---- */
 
-/* 16 bytes at offset off of rows g, 4+g, 8+g, 12+g */
-static __m512i load_rows4x16(const char *const rows[LANES], int g, size_t off) {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rows[g] + off)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rows[4 + g] + off)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rows[8 + g] + off)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rows[12 + g] + off)), 3);
-}
-
-/* s[g]: four partial sums per 128-bit lane; returns the sum of each lane's four, row r in lane r */
-static __m512i row_sums16(const __m512i s[4]) {
-    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
-    const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
-
-/* the f16 scales at offset off of the 16 rows, as floats in row order: one
- * gather per 8 rows (ptrs: their addresses) beats 16 scalar loads packed in
- * registers by ~20% here */
-static __m512 row_scales16(const __m512i ptrs[2], size_t off) {
-    const __m512i o = _mm512_set1_epi64((long long)off);
-    const __m128i lo = _mm512_cvtepi64_epi16(_mm512_i64gather_epi64(_mm512_add_epi64(ptrs[0], o), NULL, 1));
-    const __m128i hi = _mm512_cvtepi64_epi16(_mm512_i64gather_epi64(_mm512_add_epi64(ptrs[1], o), NULL, 1));
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-}
-
-/* the 16 row addresses as two vectors of 8 */
-static void row_ptrs16(const char *const rows[LANES], __m512i ptrs[2]) {
-    ptrs[0] = _mm512_loadu_si512(rows);
-    ptrs[1] = _mm512_loadu_si512(rows + 8);
-}
-
-static __m512 dot16_q8_0(const char *const rows[LANES], const char *const next[LANES], const block_q8_0 *x, int nb) {
-    const size_t row_bytes = (size_t)nb * sizeof(block_q8_0);
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512i ptrs[2];
-    row_ptrs16(rows, ptrs);
-    __m512 acc = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const size_t off = (size_t)b * sizeof(block_q8_0);
-        prefetch_step(rows, next, LANES, off, sizeof(block_q8_0), PREFETCH_LANES, row_bytes);
-        const __m512i x0 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)x[b].qs));
-        const __m512i x1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x[b].qs + 16)));
-        /* w + 128 is unsigned for vpdpbusd; start each sum at -128 * sum(x), spread over the lanes */
-        const __m512i start = _mm512_sub_epi32(
-            _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, x0), bias, x1));
-        __m512i s[4];
-        for (int g = 0; g < 4; g++) {
-            const __m512i w0 = _mm512_xor_si512(load_rows4x16(rows, g, off + 2), bias);
-            const __m512i w1 = _mm512_xor_si512(load_rows4x16(rows, g, off + 18), bias);
-            s[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, w0, x0), w1, x1);
-        }
-        const __m512 dd = _mm512_mul_ps(row_scales16(ptrs, off), _mm512_set1_ps(load_f16(&x[b].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(row_sums16(s)), dd, acc);
-    }
-    return acc;
-}
-
-static __m512 dot16_q4_0(const char *const rows[LANES], const char *const next[LANES], const block_q8_0 *x, int nb) {
-    const size_t row_bytes = (size_t)nb * sizeof(block_q4_0);
-    const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
-    __m512i ptrs[2];
-    row_ptrs16(rows, ptrs);
-    __m512 acc = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const size_t off = (size_t)b * sizeof(block_q4_0);
-        prefetch_step(rows, next, LANES, off, sizeof(block_q4_0), PREFETCH_LANES, row_bytes);
-        /* low nibbles are elements 0-15, high nibbles 16-31 */
-        const __m512i x0 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)x[b].qs));
-        const __m512i x1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x[b].qs + 16)));
-        /* nibbles q are unsigned for vpdpbusd; start each sum at -8 * sum(x), spread over the lanes */
-        const __m512i start = _mm512_sub_epi32(
-            _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, x0), eight, x1));
-        __m512i s[4];
-        for (int g = 0; g < 4; g++) {
-            const __m512i packed = load_rows4x16(rows, g, off + 2);
-            const __m512i lo = _mm512_and_si512(packed, low4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-            s[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, lo, x0), hi, x1);
-        }
-        const __m512 dd = _mm512_mul_ps(row_scales16(ptrs, off), _mm512_set1_ps(load_f16(&x[b].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(row_sums16(s)), dd, acc);
-    }
-    return acc;
-}
-
-typedef __m512 (*dot16_fn)(const char *const rows[LANES], const char *const next[LANES], const block_q8_0 *x, int nb);
-
-/* rows start .. start+15 of the sequence; past its end the last row repeats
- * (a cached re-read, its lanes discarded), or NULL when pad is 0 */
-static void seq_rows16(const row_seq *s, int start, int pad, const char *rows[LANES]) {
+static void dot_seq_q8_0(const row_seq *s, const void *x, int n) {
     const int len = row_seq_len(s);
-    for (int k = 0; k < LANES; k++)
-        rows[k] = start + k < len ? row_seq_row(s, start + k) : pad && len ? row_seq_row(s, len - 1) : NULL;
-}
-
-static void dot_seq_lanes(const row_seq *s, dot16_fn dot16, const block_q8_0 *x, int n) {
-    const int len = row_seq_len(s);
-    const char *rows[LANES], *next[LANES];
-    seq_rows16(s, 0, 1, rows);
-    for (int i0 = 0; i0 < len; i0 += LANES) {
-        seq_rows16(s, i0 + LANES, 0, next);
-        float res[LANES];
-        _mm512_storeu_ps(res, dot16(rows, next, x, n / QK8_0));
-        for (int k = 0; k < LANES && i0 + k < len; k++) *row_seq_out(s, i0 + k) = res[k];
-        seq_rows16(s, i0 + LANES, 1, rows);
+    for (int i = 0; i < len; i++) {
+        const char *ahead = row_seq_row(s, i + Q8_AHEAD < len ? i + Q8_AHEAD : len - 1);
+        *row_seq_out(s, i) = dot_q8_0_fast_pf_avx512((const block_q8_0 *)row_seq_row(s, i), x, n, ahead);
     }
 }
 
-static void dot_seq_q8_0(const row_seq *s, const void *x, int n) { dot_seq_lanes(s, dot16_q8_0, x, n); }
-static void dot_seq_q4_0(const row_seq *s, const void *x, int n) { dot_seq_lanes(s, dot16_q4_0, x, n); }
+/* rows per call: one prepared activation chunk serves them all */
+#define Q4_ROWS 64
+
+static void dot_seq_q4_0(const row_seq *s, const void *x, int n) {
+    const int len = row_seq_len(s);
+    for (int i0 = 0; i0 < len; i0 += Q4_ROWS) {
+        const int m = len - i0 < Q4_ROWS ? len - i0 : Q4_ROWS;
+        const block_q4_0 *rows[Q4_ROWS];
+        float res[Q4_ROWS];
+        for (int k = 0; k < m; k++) rows[k] = (const block_q4_0 *)row_seq_row(s, i0 + k);
+        dot_rows_q4_0_fast_avx512(rows, m, x, res, n);
+        for (int k = 0; k < m; k++) *row_seq_out(s, i0 + k) = res[k];
+    }
+}
 
 #define GATHER_DOTS(T, XT)                                                                                       \
     static void dot_##T(const void *w, size_t stride, const int32_t *idx, int count, const void *x, int n,       \

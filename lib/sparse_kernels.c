@@ -15,10 +15,10 @@ extern const sparse_kernels sparse_avx512_impl;
 
 const sparse_kernels *sparse_kernels_scalar(void) { return &sparse_scalar_impl; }
 const sparse_kernels *sparse_kernels_avx2(void) { return kernels_avx2() ? &sparse_avx2_impl : NULL; }
-const sparse_kernels *sparse_kernels_avx512(void) { return kernels_avx512_exact() ? &sparse_avx512_impl : NULL; }
+const sparse_kernels *sparse_kernels_avx512(void) { return kernels_avx512() ? &sparse_avx512_impl : NULL; }
 
 const kernels *sparse_kernels_dense_match(const sparse_kernels *k) {
-    if (k == &sparse_avx512_impl) return kernels_avx512_exact();
+    if (k == &sparse_avx512_impl) return kernels_avx512();
     if (k == &sparse_avx2_impl) return kernels_avx2();
     return kernels_scalar();
 }
@@ -26,7 +26,9 @@ const kernels *sparse_kernels_dense_match(const sparse_kernels *k) {
 /* kernels_best() already applied PI2_KERNELS (and warned about bad values) */
 const sparse_kernels *sparse_kernels_best(void) {
     const char *dense = kernels_best()->name;
-    if (strncmp(dense, "avx512", 6) == 0) return sparse_kernels_avx512(); /* "avx512" or "avx512-exact" */
+    /* "avx512" or "avx512-exact": the dots then match only the default order, and
+     * the engine's gate-first FFN falls back to dense row dots under -exact */
+    if (strncmp(dense, "avx512", 6) == 0) return sparse_kernels_avx512();
     if (strcmp(dense, "avx2") == 0) return sparse_kernels_avx2();
     return sparse_kernels_scalar();
 }

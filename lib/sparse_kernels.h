@@ -19,9 +19,9 @@
  * Semantics:
  *   dot:   out[k] = the dense dot product (kernels.h dot_*) of row idx[k] with x,
  *          bit for bit, of the matching dense set (sparse_kernels_dense_match):
- *          scalar, avx2, and for avx512 the avx512-exact set (llama.cpp's
- *          order, which 16 rows in 16 lanes compute as fast as any other); the
- *          default avx512 set's dots differ from it only by summation order.
+ *          scalar, avx2, and for avx512 the default avx512 set (its fast
+ *          order; the avx512-exact set's dots differ from it only by
+ *          summation order).
  *   dot2:  the fused gate+up form: out_a[k] and out_b[k] are dot's results for
  *          row idx[k] of w_a and of w_b (same row_stride), in one pass.
  *   axpy:  y[i] += sum_k coef[k] * row idx[k][i], k ascending, each term one
@@ -59,7 +59,7 @@ typedef struct {
 const sparse_kernels *sparse_kernels_best(void);   /* chosen once; honours PI2_KERNELS like kernels_best() */
 const sparse_kernels *sparse_kernels_scalar(void);
 const sparse_kernels *sparse_kernels_avx2(void);   /* NULL where kernels_avx2() is NULL */
-const sparse_kernels *sparse_kernels_avx512(void); /* NULL where kernels_avx512_exact() is NULL */
+const sparse_kernels *sparse_kernels_avx512(void); /* NULL where kernels_avx512() is NULL */
 /* the dense set whose dots a sparse set's dots equal bit for bit */
 const kernels *sparse_kernels_dense_match(const sparse_kernels *k);
 
