@@ -22,12 +22,6 @@ static void usage(FILE *f) {
     worker_args_help(f, 1, "task");
 }
 
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 typedef struct {
     const worker_args *o;
     stack_view *sv;
@@ -65,9 +59,9 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
     }
     if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
     worker_link_set_state(w->link, PROC_BUSY);
-    uint64_t t0 = now_us();
+    uint64_t t0 = worker_now_us();
     int rc = decoder_run(w->dec, (int)t->layer, (int)t->position, t->epoch);
-    uint64_t took = now_us() - t0;
+    uint64_t took = worker_now_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
     if (rc) {
         log_info("layer %u task at position %u abandoned (epoch %u ended or a barrier timed out)", t->layer,

@@ -212,3 +212,9 @@ void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__Bod
         msg_free(env);
     }
 }
+
+uint64_t worker_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}

@@ -22,12 +22,6 @@ static void usage(FILE *f) {
     worker_args_help(f, 2, "request");
 }
 
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 typedef struct {
     const worker_args *o;
     stack_view *sv;
@@ -90,9 +84,9 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     }
     if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
     worker_link_set_state(w->link, PROC_BUSY);
-    uint64_t t0 = now_us();
+    uint64_t t0 = worker_now_us();
     int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, w->link);
-    uint64_t took = now_us() - t0;
+    uint64_t took = worker_now_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
     if (rc) {
         log_info("prefill of %u tokens abandoned: epoch %u ended", r->n_tokens, r->epoch);
