@@ -147,74 +147,53 @@ static void axpy_group_at(axpy_group *g, const char *w, size_t stride, const int
     }
 }
 
-static void axpy_f32(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n) {
-    const size_t row_bytes = (size_t)n * sizeof(float);
-    for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
-        axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            prefetch_step(g.rows, g.next, g.m, (size_t)i * 4, 256, PREFETCH_AXPY, row_bytes);
-            __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
-            __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
-            for (int r = 0; r < g.m; r++) {
-                const float *wr = (const float *)g.rows[r] + i;
-                const __m512 c = _mm512_set1_ps(g.coef[r]);
-                y0 = _mm512_fmadd_ps(c, _mm512_loadu_ps(wr), y0);
-                y1 = _mm512_fmadd_ps(c, _mm512_loadu_ps(wr + 16), y1);
-                y2 = _mm512_fmadd_ps(c, _mm512_loadu_ps(wr + 32), y2);
-                y3 = _mm512_fmadd_ps(c, _mm512_loadu_ps(wr + 48), y3);
-            }
-            _mm512_storeu_ps(y + i, y0);
-            _mm512_storeu_ps(y + i + 16, y1);
-            _mm512_storeu_ps(y + i + 32, y2);
-            _mm512_storeu_ps(y + i + 48, y3);
-        }
-        for (; i < n; i += 16) {
-            const __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i);
-            __m512 acc = _mm512_maskz_loadu_ps(mask, y + i);
-            for (int r = 0; r < g.m; r++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(g.coef[r]),
-                                      _mm512_maskz_loadu_ps(mask, (const float *)g.rows[r] + i), acc);
-            _mm512_mask_storeu_ps(y + i, mask, acc);
-        }
-    }
+/* Element loads of one row at element i (full 16 lanes, or masked for the tail). */
+static inline __m512 load16_f32(const void *row, int i) { return _mm512_loadu_ps((const float *)row + i); }
+static inline __m512 load16_f16(const void *row, int i) { return load_f16x16((const uint16_t *)row + i); }
+static inline __m512 load16m_f32(const void *row, int i, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+}
+static inline __m512 load16m_f16(const void *row, int i, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
 }
 
-static void axpy_f16(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n) {
-    const size_t row_bytes = (size_t)n * sizeof(uint16_t);
-    for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
-        axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            prefetch_step(g.rows, g.next, g.m, (size_t)i * 2, 128, PREFETCH_AXPY, row_bytes);
-            __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
-            __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
-            for (int r = 0; r < g.m; r++) {
-                const uint16_t *wr = (const uint16_t *)g.rows[r] + i;
-                const __m512 c = _mm512_set1_ps(g.coef[r]);
-                y0 = _mm512_fmadd_ps(c, load_f16x16(wr), y0);
-                y1 = _mm512_fmadd_ps(c, load_f16x16(wr + 16), y1);
-                y2 = _mm512_fmadd_ps(c, load_f16x16(wr + 32), y2);
-                y3 = _mm512_fmadd_ps(c, load_f16x16(wr + 48), y3);
-            }
-            _mm512_storeu_ps(y + i, y0);
-            _mm512_storeu_ps(y + i + 16, y1);
-            _mm512_storeu_ps(y + i + 32, y2);
-            _mm512_storeu_ps(y + i + 48, y3);
-        }
-        for (; i < n; i += 16) {
-            const __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i);
-            __m512 acc = _mm512_maskz_loadu_ps(mask, y + i);
-            for (int r = 0; r < g.m; r++) {
-                const __m512 wr = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)g.rows[r] + i));
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(g.coef[r]), wr, acc);
-            }
-            _mm512_mask_storeu_ps(y + i, mask, acc);
-        }
+/* The float axpys differ only in how an element is loaded: one body, two types. */
+#define AXPY_FLOAT(T, ESIZE)                                                                                     \
+    static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, \
+                         int n) {                                                                                 \
+        const size_t row_bytes = (size_t)n * (ESIZE);                                                             \
+        for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                           \
+            axpy_group g;                                                                                         \
+            axpy_group_at(&g, w, stride, idx, coef, count, k0);                                                   \
+            int i = 0;                                                                                            \
+            for (; i + 64 <= n; i += 64) {                                                                        \
+                prefetch_step(g.rows, g.next, g.m, (size_t)i * (ESIZE), 64 * (ESIZE), PREFETCH_AXPY, row_bytes);  \
+                __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);                            \
+                __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);                        \
+                for (int r = 0; r < g.m; r++) {                                                                   \
+                    const __m512 c = _mm512_set1_ps(g.coef[r]);                                                   \
+                    y0 = _mm512_fmadd_ps(c, load16_##T(g.rows[r], i), y0);                                        \
+                    y1 = _mm512_fmadd_ps(c, load16_##T(g.rows[r], i + 16), y1);                                   \
+                    y2 = _mm512_fmadd_ps(c, load16_##T(g.rows[r], i + 32), y2);                                   \
+                    y3 = _mm512_fmadd_ps(c, load16_##T(g.rows[r], i + 48), y3);                                   \
+                }                                                                                                 \
+                _mm512_storeu_ps(y + i, y0);                                                                      \
+                _mm512_storeu_ps(y + i + 16, y1);                                                                 \
+                _mm512_storeu_ps(y + i + 32, y2);                                                                 \
+                _mm512_storeu_ps(y + i + 48, y3);                                                                 \
+            }                                                                                                     \
+            for (; i < n; i += 16) {                                                                              \
+                const __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i);                     \
+                __m512 acc = _mm512_maskz_loadu_ps(mask, y + i);                                                  \
+                for (int r = 0; r < g.m; r++)                                                                     \
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(g.coef[r]), load16m_##T(g.rows[r], i, mask), acc);       \
+                _mm512_mask_storeu_ps(y + i, mask, acc);                                                          \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-}
+
+AXPY_FLOAT(f32, sizeof(float))
+AXPY_FLOAT(f16, sizeof(uint16_t))
 
 /* 16 signed bytes to floats */
 static __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
