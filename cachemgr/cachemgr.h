@@ -18,6 +18,7 @@ enum { SEG_WEIGHTS, SEG_KV, SEG_ACT, SEG_CTL, SEG_COUNT };
 typedef struct {
     const char *runid;
     char model_path[PATH_MAX]; /* absolute: the control block compares it */
+    char predictor_path[PATH_MAX]; /* absolute, or empty */
     model m;
     stack_params params;       /* asked for on the command line; a kept control block's win */
     int io_timeout_ms;         /* re-send a read batch not answered within this */

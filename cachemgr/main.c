@@ -12,13 +12,14 @@
 #include "cachemgr.h"
 #include "cli.h"
 #include "log.h"
+#include "predictor.h"
 #include "rundir.h"
 
 #define BEAT_MS 100
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N]\n"
+            "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N] [--ffn MODE]\n"
             "Creates the run's shared-memory segments and loads the weights through the io-worker.\n"
             "  -m, --model FILE        the model the stack runs\n"
             "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
@@ -26,6 +27,11 @@ static void usage(FILE *f) {
             "      --cpu-workers N     decode workers (default 1, at most %d)\n"
             "      --max-prefill N     most prompt tokens per prefill request (default 512)\n"
             "      --io-timeout-ms N   re-send a read batch unanswered this long (default 5000)\n"
+            "      --ffn MODE          FFN of a generation that does not choose one (docs/sparse.md):\n"
+            "                          auto (default: ReLU models sparse, with the predictor if there is one,\n"
+            "                          else gate-first; other models dense), dense, gate-first, predictor\n"
+            "      --predictor FILE    predictor side file (pi2-predictor build); without it, predictor mode\n"
+            "                          uses a PWRI model's own fc1/fc2\n"
             "  -h, --help              this help\n"
             "On a restart the existing segments of the run are kept (with their parameters).\n"
             "Environment: PI2_LOG=debug|info|warn|error\n",
@@ -33,18 +39,19 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-    const char *model, *runid;
+    const char *model, *runid, *ffn, *predictor;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT };
+    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},         {"run", required_argument, 0, 'r'},
         {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
+        {"ffn", required_argument, 0, OPT_FFN},       {"predictor", required_argument, 0, OPT_PREDICTOR},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
-    *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512,
+    *o = (options){.runid = cli_default_runid(), .ffn = "auto", .cpu_workers = 1, .max_prefill = 512,
                    .io_timeout_ms = 5000};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:c:h", longopts, NULL)) != -1) {
@@ -55,12 +62,49 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_CPU: if (cli_parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
         case OPT_PREFILL: if (cli_parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
+        case OPT_FFN: o->ffn = optarg; break;
+        case OPT_PREDICTOR: o->predictor = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
     }
     if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
     if (!o->model) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
+    return 0;
+}
+
+/* The stack's FFN mode: "auto" resolved for this model; a mode the model
+ * cannot run, or a predictor that does not load for it, is refused here, so
+ * the workers never meet one. */
+static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
+    const model *m = &c->m;
+    bool has_fc = m->layers[0].fc1.data != NULL;
+    ffn_mode want;
+    if (!strcmp(o->ffn, "auto"))
+        want = o->predictor || (has_fc && m->act != FFN_SILU) ? FFN_PREDICTOR
+               : m->act != FFN_SILU                         ? FFN_GATE_FIRST
+                                                            : FFN_DENSE;
+    else if (ffn_mode_parse(o->ffn, &want)) {
+        log_error("--ffn '%s': expected auto, dense, gate-first or predictor", o->ffn);
+        return -1;
+    }
+    if (want == FFN_GATE_FIRST && m->act == FFN_SILU) {
+        log_error("--ffn gate-first needs a ReLU model; %s uses silu", c->model_path);
+        return -1;
+    }
+    if (o->predictor && !realpath(o->predictor, c->predictor_path)) {
+        log_error("predictor %s: %s", o->predictor, strerror(errno));
+        return -1;
+    }
+    if (want == FFN_PREDICTOR) {
+        char err[512];
+        predictor *p = predictor_load(m, o->predictor ? c->predictor_path : NULL, err, sizeof err);
+        if (!p) { log_error("%s", err); return -1; }
+        predictor_free(p);
+    }
+    *mode = (int32_t)want;
+    log_info("FFN mode of the stack: %s%s%s", ffn_mode_name(want), want == FFN_PREDICTOR ? ", predictor " : "",
+             want != FFN_PREDICTOR ? "" : o->predictor ? c->predictor_path : "fc1/fc2 of the model");
     return 0;
 }
 
@@ -116,7 +160,7 @@ int main(int argc, char **argv) {
     }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
-    int status = start(&c);
+    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? 1 : start(&c);
     cm_beat(&c, PROC_DEAD);
     cm_close_segments(&c);
     model_free(&c.m);

@@ -144,7 +144,7 @@ int cm_open_segments(cachemgr *c) {
         ctl_seg = c->seg[SEG_CTL];
         c->seg[SEG_CTL] = NULL;
         ctl = shm_region_ptr(ctl_seg, "ctl", NULL);
-        ctl_init(ctl, &c->params, c->model_path, c->m.gguf.size);
+        ctl_init(ctl, &c->params, c->model_path, c->m.gguf.size, c->predictor_path);
     }
     c->seg[SEG_CTL] = ctl_seg;
     c->ctl = ctl;

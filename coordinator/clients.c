@@ -81,6 +81,7 @@ static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__Genera
     r->client_len = bm->peer_len;
     r->n_predict = g->n_predict;
     r->ignore_eos = g->ignore_eos;
+    r->ffn_mode = g->ffn_mode;
     if (g->sampling) {
         r->temp = g->sampling->temperature;
         r->top_k = g->sampling->top_k;

@@ -68,6 +68,7 @@ typedef struct {
     int top_k;
     uint64_t seed;
     bool ignore_eos;
+    uint32_t ffn_mode;      /* the request's FfnMode (0: the stack's) */
 } gen_request;
 
 typedef struct {
@@ -127,7 +128,7 @@ void gen_request_clear(gen_request *r);
 
 /* steps.c: one step of the schedule, re-sent after worker faults until it completes.
  * Return 0, or the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL). */
-int step_decode(coord *c, int32_t token, int pos, bool want_logits);
+int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mode);
 /* Prefill tokens[0..n) at positions [pos0, pos0 + n) on the npu-worker (n <= max_prefill).
  * Returns 0, an ErrorCode, or -1 when the npu-worker did not come back (prefill otherwise). */
 int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0);

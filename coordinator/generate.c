@@ -17,10 +17,12 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* The prompt's positions: on the npu-worker in chunks of max_prefill when it
- * is up, else (or once it is lost for good) token by token with DecodeTasks. */
+/* The prompt's positions, always with a dense FFN (as pi2-ref's prompt): on
+ * the npu-worker in chunks of max_prefill when it is up, else (or once it is
+ * lost for good, or for a model without an ffn_down matrix, which its
+ * weights x tokens products need) token by token with DecodeTasks. */
 static int prefill(coord *c, const int32_t *tokens, int n) {
-    bool use_npu = !c->opt.no_npu && npu_ready(c);
+    bool use_npu = !c->opt.no_npu && npu_ready(c) && c->sv.m.layers[0].down.data;
     for (int pos = 0; pos < n;) {
         if (use_npu) {
             int chunk = n - pos < c->params.max_prefill ? n - pos : c->params.max_prefill;
@@ -33,7 +35,7 @@ static int prefill(coord *c, const int32_t *tokens, int n) {
             if (rc) return rc;
             pos += chunk;
         } else {
-            int rc = step_decode(c, tokens[pos], pos, pos == n - 1);
+            int rc = step_decode(c, tokens[pos], pos, pos == n - 1, FFN_DENSE);
             if (rc) return rc;
             pos++;
         }
@@ -47,7 +49,7 @@ typedef struct {
     bool client_gone;
 } decode_result;
 
-static int decode(coord *c, int n_prompt, decode_result *out) {
+static int decode(coord *c, int n_prompt, ffn_mode mode, decode_result *out) {
     const gen_request *r = &c->req;
     int n_vocab = c->sv.m.n_vocab, n_ctx = c->params.n_ctx, eos = tokenizer_eos(c->tok), rc = 0;
     float *logits = malloc(sizeof(float) * (size_t)n_vocab);
@@ -76,7 +78,7 @@ static int decode(coord *c, int n_prompt, decode_result *out) {
             out->status = PI2__GENERATE_STATUS__GEN_CONTEXT_FULL;
             break;
         }
-        if ((rc = step_decode(c, next, pos++, true))) break;
+        if ((rc = step_decode(c, next, pos++, true, mode))) break;
     }
     sampler_free(&smp);
     free(logits);
@@ -103,6 +105,25 @@ static int tokenize(coord *c, int32_t *tokens) {
     return n;
 }
 
+/* The request's FFN mode, or the stack's; 0 and a mode, or -1 after
+ * answering the client: the workers hold neuron-major rows and a predictor
+ * only for the mode the stack was started with (cachemgr --ffn). */
+static int request_mode(coord *c, ffn_mode *mode) {
+    const model *m = &c->sv.m;
+    ffn_mode stack = (ffn_mode)c->params.ffn_mode;
+    *mode = c->req.ffn_mode ? (ffn_mode)(c->req.ffn_mode - 1) : stack;
+    const char *why = NULL;
+    if (*mode == FFN_GATE_FIRST && m->act == FFN_SILU) why = "gate-first needs a ReLU model";
+    else if (*mode == FFN_GATE_FIRST && stack == FFN_DENSE && !m->layers[0].down_t.data)
+        why = "the stack was started dense: its workers hold no neuron-major down rows (pi2 up --ffn gate-first)";
+    else if (*mode == FFN_PREDICTOR && stack != FFN_PREDICTOR)
+        why = "the stack was started without a predictor (pi2 up --ffn predictor [--predictor FILE])";
+    if (!why) return 0;
+    client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__INVALID, "ffn mode %s: %s",
+                      ffn_mode_name(*mode), why);
+    return -1;
+}
+
 /* Why the generation stopped with ErrorCode code, for the client and the log. */
 static void error_text(const coord *c, int code, char *buf, size_t len) {
     switch (code) {
@@ -122,19 +143,21 @@ void generate_serve(coord *c) {
     c->busy = true;
     c->session++;
     ctl_proc_beat(c->sv.row, PROC_BUSY);
-    log_info("session %llu for '%.*s': %zu-byte prompt, n_predict %u, temp %g, top-k %d, top-p %g, seed %llu%s",
-             (unsigned long long)c->session, (int)r->client_len, (const char *)r->client, strlen(r->prompt),
-             r->n_predict, r->temp, r->top_k, r->top_p, (unsigned long long)r->seed,
+    ffn_mode mode;
+    int bad_mode = request_mode(c, &mode);
+    log_info("session %llu for '%.*s': %zu-byte prompt, n_predict %u, temp %g, top-k %d, top-p %g, seed %llu, "
+             "ffn %s%s", (unsigned long long)c->session, (int)r->client_len, (const char *)r->client, strlen(r->prompt),
+             r->n_predict, r->temp, r->top_k, r->top_p, (unsigned long long)r->seed, ffn_mode_name(mode),
              r->ignore_eos ? ", ignore eos" : "");
-    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)c->params.n_ctx);
+    int32_t *tokens = bad_mode ? NULL : malloc(sizeof(int32_t) * (size_t)c->params.n_ctx);
     int n_prompt = tokens ? tokenize(c, tokens) : 0;
-    if (!tokens) client_send_error(c, r->client, r->client_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
+    if (!tokens && !bad_mode) client_send_error(c, r->client, r->client_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
     if (n_prompt > 0) {
         double t0 = now_ms();
         decode_result res = {0, PI2__GENERATE_STATUS__GS_UNSPECIFIED, false};
         int rc = prefill(c, tokens, n_prompt);
         double t1 = now_ms();
-        if (!rc) rc = decode(c, n_prompt, &res);
+        if (!rc) rc = decode(c, n_prompt, mode, &res);
         double t2 = now_ms();
         if (rc) {
             char why[256];

@@ -71,14 +71,22 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
     c->step.progress_ms = ctl_now_ms();
 }
 
-/* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost). */
-static int send_decode_tasks(coord *c, int i, int pos) {
+/* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost).
+ * A chunked FFN gives each worker its work_share's chunks, as one range. */
+static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
     const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
     work_share ws;
     work_share_compute(&ws, m, i, c->params.n_cpu_workers);
     long group = m->n_head / m->n_head_kv;
     worker *w = &c->cpu[i];
+    bool chunked = mode != FFN_DENSE || !m->layers[0].down.data;
+    long n0, n1, unused;
+    ffn_chunk_range(m, (int)ws.chunk_begin, &n0, &unused);
+    ffn_chunk_range(m, (int)ws.chunk_end - 1, &unused, &n1);
+    uint32_t range[2] = {(uint32_t)n0, (uint32_t)(n1 - n0)};
+    Pi2__NeuronCluster cluster = PI2__NEURON_CLUSTER__INIT, *clusters[1] = {&cluster};
+    cluster.n_ranges = 2, cluster.ranges = range;
     for (int l = 0; l < c->step.n_tasks; l++) {
         bool output = l == m->n_layer;
         Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
@@ -93,6 +101,11 @@ static int send_decode_tasks(coord *c, int i, int pos) {
         t.head_begin = output ? 0 : (uint32_t)(ws.kvh_begin * group);
         t.head_end = output ? 0 : (uint32_t)(ws.kvh_end * group);
         t.epoch = c->epoch;
+        if (!output) {
+            t.ffn_mode = (Pi2__FfnMode)(mode + 1);
+            cluster.layer = (uint32_t)l;
+            if (chunked && ws.chunk_begin < ws.chunk_end) t.n_clusters = 1, t.clusters = clusters;
+        }
         Pi2__Envelope env;
         msg_envelope_init(&env, 0, c->session);
         env.body_case = PI2__ENVELOPE__BODY_DECODE_TASK;
@@ -145,21 +158,22 @@ static int run_step(coord *c, bool on_npu, int n_tasks, int (*send)(coord *, con
 
 typedef struct {
     int pos;
+    ffn_mode mode;
 } decode_arg;
 
 static int send_decode(coord *c, const void *arg) {
     const decode_arg *a = arg;
     for (int i = 0; i < c->params.n_cpu_workers; i++)
-        if (send_decode_tasks(c, i, a->pos)) return -1;
+        if (send_decode_tasks(c, i, a->pos, a->mode)) return -1;
     return 0;
 }
 
-int step_decode(coord *c, int32_t token, int pos, bool want_logits) {
+int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mode) {
     const model *m = &c->sv.m;
     float *x0 = (float *)(c->sv.act + c->sv.layout.x_layers);
     dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)token * m->tok_embd.row_bytes, x0,
                    m->n_embd);
-    decode_arg a = {pos};
+    decode_arg a = {pos, mode};
     return run_step(c, false, m->n_layer + (want_logits ? 1 : 0), send_decode, &a);
 }
 

@@ -1,10 +1,14 @@
 #include "decode.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "log.h"
+#include "predictor.h"
+#include "sparse_kernels.h"
+#include "worker_link.h"
 #include "threadpool.h"
 
 struct decoder {
@@ -26,6 +30,18 @@ struct decoder {
     float *scores;                /* [n_head][n_ctx], indexed by absolute head as attention_heads wants */
     uint16_t *probs16;            /* [n_head][n_ctx] */
     act_vec in;                   /* conversions of the current input, up to max(n_embd, n_ff) */
+    /* the chunked FFN (ffn_chunks.h) */
+    float *partials;              /* act region: [n_chunks][n_embd] */
+    const sparse_kernels *gather, *axpy;
+    ffn_scratch *scratch;         /* [n_threads] */
+    ffn_chunk_stats *chunk_stats; /* [n_threads] */
+    int n_threads;
+    weight *down_t;               /* [n_layer]: neurons [dt_first, dt_end), or NULL */
+    void **down_t_built;          /* [n_layer] */
+    long dt_first, dt_end;
+    predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
+    float *pred_hidden;
+    act_vec pred_conv;
 };
 
 /* ---- parallel jobs ---- */
@@ -85,6 +101,22 @@ static void ffn_worker(void *ctx, int ith, int nth) {
     pool_split(d->share.ff_end - d->share.ff_begin, ith, nth, &i0, &i1);
     ffn_act_rows(d->k, d->m, &d->m->layers[j->layer], &d->in, d->hb, d->share.ff_begin + i0,
                  d->share.ff_begin + i1, NULL);
+}
+
+/* The chunks of a task, taken in turn by the threads. */
+typedef struct {
+    decoder *d;
+    ffn_layer f;
+    const int32_t *chunks;
+    int n_chunks;
+    _Atomic int next;
+} chunks_job;
+
+static void chunks_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    chunks_job *j = ctx;
+    decoder *d = j->d;
+    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, d->partials, &d->scratch[ith], &d->chunk_stats[ith], NULL);
 }
 
 /* ---- the steps ---- */
@@ -151,6 +183,27 @@ static void step_ffn_act(decoder *d, int l) {
     pool_run(d->pool, ffn_worker, &j);
 }
 
+/* C, chunked: the task's neuron chunks -> their partials in act. */
+static void step_ffn_chunks(decoder *d, const decode_step *s) {
+    const model *m = d->m;
+    const int l = s->layer;
+    const layer_weights *w = &m->layers[l];
+    rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
+    convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
+    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, NULL, d->dt_first, d->pred, &d->pred_conv},
+                    s->chunks, s->n_chunks, 0};
+    j.f.down_t = d->down_t ? &d->down_t[l] : &w->down_t;
+    if (s->mode == FFN_PREDICTOR) predictor_prepare(d->pred, l, d->x_mid, d->xb, d->pred_hidden, &d->pred_conv);
+    pool_run(d->pool, chunks_worker, &j);
+}
+
+/* D, chunked: x_layers[l + 1] = x_mid + the chunks' partials in chunk order, own rows. */
+static void step_ffn_reduce(decoder *d, int l) {
+    const model *m = d->m;
+    ffn_reduce_rows(m, d->partials, d->x_mid, d->x_layers + (size_t)(l + 1) * m->n_embd, d->share.row_begin,
+                    d->share.row_end);
+}
+
 /* D: x_layers[l + 1] = x_mid + down . hb, own rows. */
 static void step_ffn_down(decoder *d, int l) {
     const model *m = d->m;
@@ -168,19 +221,35 @@ static void step_output(decoder *d) {
              (row_span){0});
 }
 
-int decoder_run(decoder *d, int layer, int pos, uint32_t epoch) {
+bool decoder_ffn_chunked(const decoder *d, ffn_mode mode) { return mode != FFN_DENSE || !d->m->layers[0].down.data; }
+
+bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
+    if (!decoder_ffn_chunked(d, mode)) return true;
+    if (mode == FFN_GATE_FIRST && d->m->act == FFN_SILU) return false;
+    if (mode == FFN_PREDICTOR && !d->pred) return false;
+    long n0, n1;
+    ffn_chunk_range(d->m, chunk, &n0, &n1);
+    if (d->m->layers[0].down_t.data) return true;
+    return d->down_t && n0 >= d->dt_first && n1 <= d->dt_end;
+}
+
+int decoder_run(decoder *d, const decode_step *s) {
+    const int layer = s->layer;
     if (layer == d->m->n_layer) {
         step_output(d);
         return 0;
     }
-    step_attention(d, layer, pos);
-    if (barrier(d, epoch)) return -1;
+    bool chunked = decoder_ffn_chunked(d, s->mode);
+    step_attention(d, layer, s->pos);
+    if (barrier(d, s->epoch)) return -1;
     step_attn_output(d, layer);
-    if (barrier(d, epoch)) return -1;
-    step_ffn_act(d, layer);
-    if (barrier(d, epoch)) return -1;
-    step_ffn_down(d, layer);
-    return barrier(d, epoch); /* the next layer reads every row of x_layers[layer + 1] */
+    if (barrier(d, s->epoch)) return -1;
+    if (chunked) step_ffn_chunks(d, s);
+    else step_ffn_act(d, layer);
+    if (barrier(d, s->epoch)) return -1;
+    if (chunked) step_ffn_reduce(d, layer);
+    else step_ffn_down(d, layer);
+    return barrier(d, s->epoch); /* the next layer reads every row of x_layers[layer + 1] */
 }
 
 /* ---- set-up ---- */
@@ -189,6 +258,54 @@ static void *alloc_zero(size_t n, size_t size, int *failed) {
     void *p = calloc(n ? n : 1, size);
     if (!p) *failed = 1;
     return p;
+}
+
+/* The neuron-major down rows of this worker's chunks, when the file has no
+ * ffn_down_t and the stack runs a sparse mode: each worker transposes only its
+ * own neurons (memory and time split over the workers). */
+static int build_down_t(decoder *d) {
+    const model *m = d->m;
+    long n0, n1, unused;
+    ffn_chunk_range(m, (int)d->share.chunk_begin, &n0, &unused);
+    ffn_chunk_range(m, (int)d->share.chunk_end - 1, &unused, &n1);
+    int bad = 0;
+    d->down_t = alloc_zero((size_t)m->n_layer, sizeof *d->down_t, &bad);
+    d->down_t_built = alloc_zero((size_t)m->n_layer, sizeof *d->down_t_built, &bad);
+    uint64_t t0 = worker_now_us(), bytes = 0;
+    for (int l = 0; l < m->n_layer && !bad; l++) {
+        if (ffn_down_t_for(&m->layers[l], n0, n1, &d->down_t[l], &d->dt_first, &d->down_t_built[l])) bad = 1;
+        else bytes += (uint64_t)d->down_t[l].rows * d->down_t[l].row_bytes;
+    }
+    if (bad) {
+        log_error("out of memory building the neuron-major down rows of neurons [%ld, %ld)", n0, n1);
+        return -1;
+    }
+    d->dt_end = n1;
+    log_info("built neuron-major down rows of neurons [%ld, %ld): %.1f MB in %.2f s", n0, n1, bytes / 1e6,
+             (worker_now_us() - t0) / 1e6);
+    return 0;
+}
+
+static int sparse_setup(decoder *d) {
+    const model *m = d->m;
+    const stack_ctl *ctl = d->sv->ctl;
+    ffn_mode mode = (ffn_mode)ctl->params.ffn_mode;
+    if (mode != FFN_DENSE && !m->layers[0].down_t.data && d->share.chunk_begin < d->share.chunk_end &&
+        build_down_t(d))
+        return -1;
+    if (mode != FFN_PREDICTOR) return 0;
+    char err[512];
+    d->pred = predictor_load(m, ctl->predictor_path[0] ? ctl->predictor_path : NULL, err, sizeof err);
+    if (!d->pred) {
+        log_error("%s", err);
+        return -1;
+    }
+    int rank = predictor_max_rank(d->pred), wide = rank > m->n_embd ? rank : m->n_embd, bad = 0;
+    d->pred_hidden = alloc_zero((size_t)rank, sizeof(float), &bad);
+    d->pred_conv.f16 = alloc_zero((size_t)wide, sizeof(uint16_t), &bad);
+    d->pred_conv.q8 = alloc_zero((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    if (bad) log_error("out of memory allocating the predictor's buffers");
+    return bad ? -1 : 0;
 }
 
 decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
@@ -227,8 +344,19 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->probs16 = alloc_zero((size_t)m->n_head * n_ctx, sizeof(uint16_t), &bad);
     d->in.f16 = alloc_zero(wide, sizeof(uint16_t), &bad);
     d->in.q8 = alloc_zero(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    d->partials = stack_act_f32(sv, L->ffn_partials);
+    d->gather = ffn_gather_for(d->k);
+    d->axpy = sparse_kernels_best();
+    d->n_threads = d->pool ? pool_size(d->pool) : 0;
+    d->scratch = alloc_zero((size_t)d->n_threads, sizeof *d->scratch, &bad);
+    d->chunk_stats = alloc_zero((size_t)d->n_threads, sizeof *d->chunk_stats, &bad);
+    for (int t = 0; t < d->n_threads && d->scratch; t++) bad |= ffn_scratch_init(&d->scratch[t], m) != 0;
     if (bad) {
         log_error("out of memory allocating the decoder's scratch");
+        decoder_free(d);
+        return NULL;
+    }
+    if (sparse_setup(d)) {
         decoder_free(d);
         return NULL;
     }
@@ -237,6 +365,14 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
 
 void decoder_free(decoder *d) {
     if (!d) return;
+    if (d->down_t_built)
+        for (int l = 0; l < d->m->n_layer; l++) free(d->down_t_built[l]);
+    free(d->down_t_built); free(d->down_t);
+    predictor_free(d->pred);
+    free(d->pred_hidden); free(d->pred_conv.f16); free(d->pred_conv.q8);
+    if (d->scratch)
+        for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);
+    free(d->scratch); free(d->chunk_stats);
     pool_free(d->pool);
     free(d->xb); free(d->q); free(d->kv_k); free(d->kv_v); free(d->proj); free(d->q16);
     free(d->scores); free(d->probs16); free(d->in.f16); free(d->in.q8);

@@ -1,12 +1,16 @@
 /* One cpu-worker's share of a decode step (docs/stack.md, "Decode"): for a
  * layer, steps A-D with a cross-worker barrier after each; for the output
  * task, the final norm and this worker's logits rows. Every value is computed
- * by the same ops.h call the reference engine makes for it, so the stack's
- * logits are bit-identical to pi2-ref's. */
+ * by the same ops.h call the reference engine makes for it, and a sparse FFN
+ * by the same ffn_chunks.h chunks, so the stack's logits are bit-identical to
+ * pi2-ref's in the same FFN mode. */
 #ifndef PI2_DECODE_H
 #define PI2_DECODE_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "ffn_chunks.h"
 
 #include "stack_attach.h"
 
@@ -21,9 +25,26 @@ typedef struct decoder decoder;
 decoder *decoder_new(const stack_view *sv, int index, int n_threads);
 void decoder_free(decoder *d);
 
+/* One task. The FFN is chunked (ffn_chunks.h) unless mode is FFN_DENSE on a
+ * model with an ffn_down matrix; then chunks[0..n_chunks) are the neuron
+ * chunks this worker computes (each once; any order). */
+typedef struct {
+    int layer, pos;
+    uint32_t epoch;
+    ffn_mode mode;
+    const int32_t *chunks;
+    int n_chunks;
+} decode_step;
+
+/* Whether a task's FFN is chunked. */
+bool decoder_ffn_chunked(const decoder *d, ffn_mode mode);
+/* Whether this worker can run mode on chunk c (its neuron-major rows are
+ * here, the predictor is loaded, gate-first on a ReLU model). */
+bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk);
+
 /* layer < n_layer: that layer for the token at pos; layer == n_layer: the
  * output rows. Returns 0 when done, -1 when abandoned (epoch changed or a
  * barrier timed out). */
-int decoder_run(decoder *d, int layer, int pos, uint32_t epoch);
+int decoder_run(decoder *d, const decode_step *s);
 
 #endif

@@ -27,6 +27,7 @@ typedef struct {
     stack_view *sv;
     worker_link *link;
     decoder *dec;
+    int32_t *chunks; /* [ffn_chunk_count]: a task's chunk list */
 } worker;
 
 static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, uint64_t time_us) {
@@ -46,6 +47,51 @@ static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, u
     worker_link_send(w->link, &env);
 }
 
+/* The task as a decode_step: its clusters' ranges must be whole neuron chunks,
+ * each named once, that this worker can run. -1 (logged) otherwise. */
+static int task_step(worker *w, const Pi2__DecodeTask *t, decode_step *s) {
+    const model *m = &w->sv->m;
+    *s = (decode_step){(int)t->layer, (int)t->position, t->epoch, FFN_DENSE, w->chunks, 0};
+    if ((int)t->layer == m->n_layer) return 0;
+    s->mode = (ffn_mode)(t->ffn_mode - 1); /* msg_validate checked the range */
+    if (!decoder_ffn_chunked(w->dec, s->mode)) return 0;
+    const long size = ffn_chunk_neurons(m), n_chunks = ffn_chunk_count(m);
+    for (size_t c = 0; c < t->n_clusters; c++) {
+        const Pi2__NeuronCluster *cl = t->clusters[c];
+        if (cl->n_neuron_ids || cl->n_slot_offsets) {
+            log_error("layer %u task: cluster %zu names neurons one by one; a %s FFN takes whole chunks", t->layer, c,
+                      ffn_mode_name(s->mode));
+            return -1;
+        }
+        for (size_t r = 0; r + 1 < cl->n_ranges; r += 2) { /* msg_validate: pairs inside n_ff */
+            long begin = cl->ranges[r], end = begin + (long)cl->ranges[r + 1];
+            if (begin % size || (end % size && end != m->n_ff)) {
+                log_error("layer %u task: neurons [%ld, %ld) are not whole chunks of %ld", t->layer, begin, end, size);
+                return -1;
+            }
+            for (long ch = begin / size; ch < (end + size - 1) / size; ch++) {
+                if (s->n_chunks == n_chunks) {
+                    log_error("layer %u task names more than the %ld chunks", t->layer, n_chunks);
+                    return -1;
+                }
+                for (int k = 0; k < s->n_chunks; k++)
+                    if (w->chunks[k] == ch) {
+                        log_error("layer %u task names chunk %ld twice", t->layer, ch);
+                        return -1;
+                    }
+                if (!decoder_can_run(w->dec, s->mode, (int)ch)) {
+                    log_error("layer %u task: cannot run chunk %ld in %s mode here (no neuron-major rows or no "
+                              "predictor: the stack was started with another --ffn)", t->layer, ch,
+                              ffn_mode_name(s->mode));
+                    return -1;
+                }
+                w->chunks[s->n_chunks++] = (int32_t)ch;
+            }
+        }
+    }
+    return 0;
+}
+
 /* A task of an epoch the coordinator has left behind is dropped unexecuted
  * (TASK_FAILED), as is one whose barrier the coordinator aborted. */
 static void run_task(void *ctx, const Pi2__Envelope *req) {
@@ -57,10 +103,15 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
         reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0);
         return;
     }
+    decode_step step;
+    if (task_step(w, t, &step)) {
+        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0);
+        return;
+    }
     if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
     worker_link_set_state(w->link, PROC_BUSY);
     uint64_t t0 = worker_now_us();
-    int rc = decoder_run(w->dec, (int)t->layer, (int)t->position, t->epoch);
+    int rc = decoder_run(w->dec, &step);
     uint64_t took = worker_now_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
     if (rc) {
@@ -98,11 +149,16 @@ int main(int argc, char **argv) {
         goto out;
     worker_link_set_state(&link, PROC_READY);
     log_info("%s ready: %d thread%s, model %s", name, o.n_threads, o.n_threads == 1 ? "" : "s", o.model_path);
-    worker w = {&o, &sv, &link, dec};
+    worker w = {&o, &sv, &link, dec, calloc((size_t)ffn_chunk_count(&sv.m), sizeof(int32_t))};
+    if (!w.chunks) {
+        log_error("out of memory");
+        goto out;
+    }
     msg_limits lim;
     stack_msg_limits(&sv, &lim);
     worker_link_serve(&link, &lim, PI2__ENVELOPE__BODY_DECODE_TASK, run_task, &w);
     log_info("stopping");
+    free(w.chunks);
     status = 0;
 out:
     worker_link_close(&link);

@@ -3,12 +3,14 @@
  * stack's workers); this file owns the buffers and the order of the steps. */
 #include "engine.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "ops.h"
+#include "predictor.h"
 #include "sparse_kernels.h"
 #include "threadpool.h"
 
@@ -16,30 +18,30 @@ struct engine {
     const model *m;
     const kernels *k;
     threadpool *pool;
-    int n_ctx, kv_dim;
+    int n_ctx, kv_dim, n_threads;
     uint16_t *k_cache;   /* [layer][pos][kv_dim] */
     uint16_t *v_cache;   /* [layer][kv_dim][n_ctx]: transposed so attention's weighted sum is a dot product */
     float *x, *xb, *q, *kv_k, *kv_v, *att_out, *hb, *logits;
     float *scores;       /* [n_head][n_ctx] */
     uint16_t *probs16;   /* [n_head][n_ctx] */
     uint16_t *q16;       /* [n_embd] */
-    float *down_partial; /* [n_threads][n_embd], for neuron-major down_t */
     act_vec in;          /* conversion buffers sized for max(n_embd, n_ff) */
     uint32_t *fire_counts;
     ffn_observer observer;
     void *observer_ctx;
     float *gate_pre;     /* [n_ff], allocated when an observer is set */
     ffn_mode ffn_mode;
-    /* gate-first state, allocated by engine_set_ffn_mode */
-    const sparse_kernels *sparse;     /* the down_t axpy (bit-exact on every ISA) */
-    int32_t *active;                  /* [n_ff] firing neurons, each thread's in its own neuron range */
-    float *coef;                      /* [n_ff] their activations */
-    const sparse_kernels *sparse_up;  /* a gather dot with k's bits, or NULL: row_dot per neuron */
-    weight *down_t;                   /* [n_layer]: the file's ffn_down_t or a built copy */
+    /* the chunked FFN (ffn_chunks.h) */
+    const sparse_kernels *gather, *axpy;
+    float *partials;                  /* [n_chunks][n_embd] */
+    ffn_scratch *scratch;             /* [n_threads] */
+    ffn_chunk_stats *chunk_stats;     /* [n_threads] */
+    weight *down_t;                   /* [n_layer], set up by engine_set_ffn_mode (or NULL) */
     void **down_t_built;              /* [n_layer]: the built copies, to free */
-    float *gate;                      /* [n_ff] gate values of the current layer */
-    long *fired;                      /* [n_threads] firing neurons of each thread's slice */
-    uint64_t stat_active, stat_bytes; /* engine_ffn_stats */
+    const predictor *pred;
+    float *pred_hidden;               /* [max rank] */
+    act_vec pred_conv;                /* for max(n_embd, max rank) */
+    engine_ffn_stats_t stats;
 };
 
 static void *xcalloc(size_t n, size_t size, int *failed) {
@@ -79,10 +81,13 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     e->scores = xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
     e->probs16 = xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
     e->q16 = xcalloc((size_t)m->n_embd, sizeof(uint16_t), &bad);
-    e->down_partial = xcalloc((size_t)(e->pool ? pool_size(e->pool) : 1) * (size_t)m->n_embd, sizeof(float), &bad);
-    e->active = xcalloc((size_t)m->n_ff, sizeof(int32_t), &bad);
-    e->coef = xcalloc((size_t)m->n_ff, sizeof(float), &bad);
-    e->sparse = sparse_kernels_best();
+    int nth = e->n_threads = e->pool ? pool_size(e->pool) : 1;
+    e->partials = xcalloc((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
+    e->scratch = xcalloc((size_t)nth, sizeof *e->scratch, &bad);
+    e->chunk_stats = xcalloc((size_t)nth, sizeof *e->chunk_stats, &bad);
+    for (int t = 0; t < nth && e->scratch; t++) bad |= ffn_scratch_init(&e->scratch[t], m) != 0;
+    e->gather = ffn_gather_for(k);
+    e->axpy = sparse_kernels_best();
     e->in.f16 = xcalloc((size_t)wide, sizeof(uint16_t), &bad);
     e->in.q8 = xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     if (bad) {
@@ -93,11 +98,16 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     return e;
 }
 
-static void gate_first_free(engine *e) {
+static void down_t_free(engine *e) {
     if (e->down_t_built)
         for (int l = 0; l < e->m->n_layer; l++) free(e->down_t_built[l]);
-    free(e->down_t_built); free(e->down_t); free(e->gate); free(e->fired);
-    e->down_t_built = NULL, e->down_t = NULL, e->gate = NULL, e->fired = NULL;
+    free(e->down_t_built); free(e->down_t);
+    e->down_t_built = NULL, e->down_t = NULL;
+}
+
+static void predictor_buffers_free(engine *e) {
+    free(e->pred_hidden); free(e->pred_conv.f16); free(e->pred_conv.q8);
+    e->pred_hidden = NULL, e->pred_conv.f16 = NULL, e->pred_conv.q8 = NULL;
 }
 
 void engine_free(engine *e) {
@@ -106,9 +116,12 @@ void engine_free(engine *e) {
     free(e->k_cache); free(e->v_cache);
     free(e->x); free(e->xb); free(e->q); free(e->kv_k); free(e->kv_v); free(e->att_out);
     free(e->hb); free(e->logits); free(e->scores); free(e->probs16); free(e->q16);
-    free(e->down_partial); free(e->gate_pre); free(e->in.f16); free(e->in.q8);
-    gate_first_free(e);
-    free(e->active); free(e->coef);
+    free(e->gate_pre); free(e->in.f16); free(e->in.q8);
+    if (e->scratch)
+        for (int t = 0; t < e->n_threads; t++) ffn_scratch_free(&e->scratch[t]);
+    free(e->scratch); free(e->chunk_stats); free(e->partials);
+    down_t_free(e);
+    predictor_buffers_free(e);
     free(e);
 }
 
@@ -121,60 +134,58 @@ void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx) {
     e->observer_ctx = ctx;
 }
 
-/* The gather dot set whose results equal k's dense dots, if any. */
-static const sparse_kernels *sparse_matching(const kernels *k) {
-    const sparse_kernels *sets[] = {sparse_kernels_avx512(), sparse_kernels_avx2(), sparse_kernels_scalar()};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-        if (sets[i] && sparse_kernels_dense_match(sets[i]) == k) return sets[i];
-    return NULL;
-}
-
-static int gate_first_alloc(engine *e, char *err, size_t errlen) {
+static int down_t_alloc(engine *e, char *err, size_t errlen) {
     const model *m = e->m;
     int bad = 0;
     e->down_t = xcalloc((size_t)m->n_layer, sizeof *e->down_t, &bad);
     e->down_t_built = xcalloc((size_t)m->n_layer, sizeof *e->down_t_built, &bad);
-    e->gate = xcalloc((size_t)m->n_ff, sizeof(float), &bad);
-    e->fired = xcalloc((size_t)pool_size(e->pool), sizeof(long), &bad);
     for (int l = 0; l < m->n_layer && !bad; l++) {
-        const layer_weights *w = &m->layers[l];
-        if (w->down_t.data) {
-            e->down_t[l] = w->down_t;
-            continue;
-        }
-        uint32_t type = w->down.type == GGML_TYPE_F32 || w->down.type == GGML_TYPE_F16 ? GGML_TYPE_F32 : GGML_TYPE_Q8_0;
-        if (weight_transpose(&w->down, type, &e->down_t[l])) {
+        long first;
+        if (ffn_down_t_for(&m->layers[l], 0, m->n_ff, &e->down_t[l], &first, &e->down_t_built[l])) {
             snprintf(err, errlen, "cannot build layer %d's neuron-major down_t (out of memory?)", l);
-            gate_first_free(e);
+            down_t_free(e);
             return -1;
         }
-        e->down_t_built[l] = (void *)e->down_t[l].data;
     }
     if (bad) {
-        snprintf(err, errlen, "out of memory allocating the gate-first buffers");
-        gate_first_free(e);
+        snprintf(err, errlen, "out of memory allocating the neuron-major down rows");
+        down_t_free(e);
         return -1;
     }
     return 0;
 }
 
-int engine_set_ffn_mode(engine *e, ffn_mode mode, char *err, size_t errlen) {
-    if (mode == FFN_GATE_FIRST) {
-        if (e->m->act == FFN_SILU) {
-            snprintf(err, errlen, "gate-first FFN needs a ReLU model; this one uses silu (every neuron fires)");
+static int predictor_buffers_alloc(engine *e, const predictor *p) {
+    int rank = predictor_max_rank(p), wide = rank > e->m->n_embd ? rank : e->m->n_embd, bad = 0;
+    predictor_buffers_free(e);
+    e->pred_hidden = xcalloc((size_t)rank, sizeof(float), &bad);
+    e->pred_conv.f16 = xcalloc((size_t)wide, sizeof(uint16_t), &bad);
+    e->pred_conv.q8 = xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    return bad ? -1 : 0;
+}
+
+int engine_set_ffn_mode(engine *e, ffn_mode mode, const predictor *p, char *err, size_t errlen) {
+    if (mode == FFN_GATE_FIRST && e->m->act == FFN_SILU) {
+        snprintf(err, errlen, "gate-first FFN needs a ReLU model; this one uses silu (every neuron fires)");
+        return -1;
+    }
+    if (mode == FFN_PREDICTOR) {
+        if (!p) {
+            snprintf(err, errlen, "predictor mode needs a predictor");
             return -1;
         }
-        if (!e->gate && gate_first_alloc(e, err, errlen)) return -1;
-        e->sparse_up = sparse_matching(e->k);
+        if (predictor_buffers_alloc(e, p)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
     }
+    if (mode != FFN_DENSE && !e->down_t && down_t_alloc(e, err, errlen)) return -1;
+    e->pred = mode == FFN_PREDICTOR ? p : NULL;
     e->ffn_mode = mode;
     return 0;
 }
 
-void engine_ffn_stats(const engine *e, uint64_t *active_neurons, uint64_t *ffn_bytes_touched) {
-    *active_neurons = e->stat_active;
-    *ffn_bytes_touched = e->stat_bytes;
-}
+void engine_ffn_stats(const engine *e, engine_ffn_stats_t *st) { *st = e->stats; }
 
 static kv_layer layer_cache(const engine *e, int l) {
     size_t off = (size_t)l * (size_t)e->n_ctx * (size_t)e->kv_dim;
@@ -237,94 +248,21 @@ static void ffn_up_worker(void *ctx, int ith, int nth) {
     ffn_act_rows(e->k, m, &m->layers[j->layer], &e->in, e->hb, i0, i1, counts);
 }
 
-/* acc = sum of the n neurons' down_t rows times coef, ascending; the dense and
- * gate-first paths both end here, over the same neuron ranges per thread, so on
- * a file with ffn_down_t the two give the same bits. */
-static void down_t_axpy(engine *e, const weight *dt, int ith, const int32_t *idx, const float *coef, int n) {
-    float *acc = e->down_partial + (size_t)ith * e->m->n_embd;
-    memset(acc, 0, sizeof(float) * (size_t)e->m->n_embd);
-    sparse_kernels_for_type(e->sparse, dt->type)->axpy(dt->data, dt->row_bytes, idx, coef, n, acc, e->m->n_embd);
-}
-
-/* down projection from neuron-major rows (PWRI ffn_down_t): per-thread partial sums */
-static void ffn_down_t_worker(void *ctx, int ith, int nth) {
-    layer_job *j = ctx;
-    engine *e = j->e;
-    long i0, i1;
-    pool_split(e->m->n_ff, ith, nth, &i0, &i1);
-    int n = 0;
-    for (long i = i0; i < i1; i++) {
-        if (e->hb[i] == 0.0f) continue;
-        e->active[i0 + n] = (int32_t)i;
-        e->coef[i0 + n++] = e->hb[i];
-    }
-    down_t_axpy(e, &e->m->layers[j->layer].down_t, ith, e->active + i0, e->coef + i0, n);
-}
-
-static void reduce_down_partials(engine *e, float *out) {
-    int n = e->m->n_embd, nth = pool_size(e->pool);
-    for (int i = 0; i < n; i++) {
-        float s = 0;
-        for (int t = 0; t < nth; t++) s += e->down_partial[(size_t)t * n + i]; /* fixed order */
-        out[i] = s;
-    }
-}
-
-/* Gate-first: each thread takes the neurons with gate > 0 of the neuron range
- * the dense down_t path gives it (so both sum the same terms in the same order;
- * the hot neurons are spread over the layer, so the ranges hold about as many
- * active ones each), computes up and the activation, keeps the firing ones (in
- * place, in order) and adds their down_t rows into its own partial. */
+/* The chunked FFN: threads take chunks in turn; the result does not depend on who took which. */
 typedef struct {
     engine *e;
-    int layer;
-    long n_active;
-} gate_first_job;
+    ffn_layer f;
+    _Atomic int next;
+} chunks_job;
 
-/* The first k with a[k] >= v in the ascending a[0..n). */
-static long lower_bound(const int32_t *a, long n, long v) {
-    long lo = 0, hi = n;
-    while (lo < hi) {
-        long mid = lo + (hi - lo) / 2;
-        if (a[mid] < v) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-static const void *act_for_type(const act_vec *a, uint32_t type) {
-    if (type == GGML_TYPE_F32) return a->f32;
-    return type == GGML_TYPE_F16 ? (const void *)a->f16 : (const void *)a->q8;
-}
-
-static void gate_first_worker(void *ctx, int ith, int nth) {
-    gate_first_job *j = ctx;
+static void chunks_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    chunks_job *j = ctx;
     engine *e = j->e;
     const model *m = e->m;
-    const weight *up = &m->layers[j->layer].up, *dt = &e->down_t[j->layer];
-    long i0, i1;
-    pool_split(m->n_ff, ith, nth, &i0, &i1);
-    long k0 = lower_bound(e->active, j->n_active, i0), k1 = lower_bound(e->active, j->n_active, i1);
-    int32_t *idx = e->active + k0;
-    float *coef = e->coef + k0;
-    int n = (int)(k1 - k0);
-    if (e->sparse_up)
-        sparse_kernels_for_type(e->sparse_up, up->type)
-            ->dot(up->data, up->row_bytes, idx, n, act_for_type(&e->in, up->type), (int)up->cols, coef);
-    else
-        for (int k = 0; k < n; k++) coef[k] = row_dot(e->k, up, idx[k], &e->in);
-    uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->layer * m->n_ff : NULL;
-    int fired = 0;
-    for (int k = 0; k < n; k++) {
-        float g = e->gate[idx[k]], u = coef[k];
-        float h = m->act == FFN_RELU2 && !(u > 0) ? 0.0f : g * u; /* as ffn_act_rows, given g > 0 */
-        if (h == 0.0f) continue;
-        if (counts) counts[idx[k]]++;
-        idx[fired] = idx[k];
-        coef[fired++] = h;
-    }
-    down_t_axpy(e, dt, ith, idx, coef, fired);
-    e->fired[ith] = fired;
+    uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->f.layer * m->n_ff : NULL;
+    ffn_chunks_take(&j->f, &j->next, NULL, ffn_chunk_count(m), e->partials, &e->scratch[ith], &e->chunk_stats[ith],
+                    counts);
 }
 
 static uint64_t weight_bytes(const weight *w) { return (uint64_t)w->rows * w->row_bytes; }
@@ -347,24 +285,24 @@ static void attention_block(engine *e, int l, int pos) {
     for (int i = 0; i < m->n_embd; i++) e->x[i] += e->xb[i];
 }
 
-/* The FFN's output into e->xb, from the gate rows first. */
-static void ffn_gate_first(engine *e, int l) {
+/* x += FFN(xb) by chunks (ffn_chunks.h); xb holds the FFN input, converted in e->in. */
+static void ffn_chunked(engine *e, int l) {
     const model *m = e->m;
-    const layer_weights *w = &m->layers[l];
-    matvec_job gj = {e, 1, {&w->gate}, {e->gate}};
-    pool_run(e->pool, matvec_worker, &gj);
-    if (e->observer) e->observer(e->observer_ctx, l, e->x, e->xb, e->gate);
-    long n_active = 0;
-    for (int i = 0; i < m->n_ff; i++)
-        if (e->gate[i] > 0) e->active[n_active++] = i;
-    gate_first_job j = {e, l, n_active};
-    pool_run(e->pool, gate_first_worker, &j);
-    reduce_down_partials(e, e->xb);
-    long fired = 0;
-    for (int t = 0; t < pool_size(e->pool); t++) fired += e->fired[t];
-    e->stat_active += (uint64_t)fired;
-    e->stat_bytes += weight_bytes(&w->gate) + (uint64_t)n_active * w->up.row_bytes +
-                     (uint64_t)fired * e->down_t[l].row_bytes;
+    ffn_mode mode = e->ffn_mode;
+    chunks_job j = {e, {m, e->k, e->gather, e->axpy, l, mode, &e->in, NULL, 0, e->pred, &e->pred_conv}, 0};
+    j.f.down_t = e->down_t ? &e->down_t[l] : &m->layers[l].down_t;
+    if (mode == FFN_PREDICTOR) {
+        predictor_prepare(e->pred, l, e->x, e->xb, e->pred_hidden, &e->pred_conv);
+        e->stats.bytes += predictor_stage1_bytes(e->pred, l);
+    }
+    memset(e->chunk_stats, 0, sizeof *e->chunk_stats * (size_t)e->n_threads);
+    pool_run(e->pool, chunks_worker, &j);
+    for (int t = 0; t < e->n_threads; t++) {
+        e->stats.computed += e->chunk_stats[t].computed;
+        e->stats.active += e->chunk_stats[t].fired;
+        e->stats.bytes += e->chunk_stats[t].bytes;
+    }
+    ffn_reduce_rows(m, e->partials, e->x, e->x, 0, m->n_embd);
 }
 
 static void ffn_block(engine *e, int l, int pos) {
@@ -373,26 +311,21 @@ static void ffn_block(engine *e, int l, int pos) {
     rmsnorm(e->xb, e->x, w->ffn_norm, m->n_embd, m->rms_eps);
     const weight *gu[2] = {&w->gate, &w->up};
     act_convert_for(e->k, &e->in, e->xb, m->n_embd, gu, 2);
-    if (e->ffn_mode == FFN_GATE_FIRST) {
-        ffn_gate_first(e, l);
-        for (int i = 0; i < m->n_embd; i++) e->x[i] += e->xb[i];
-        return;
-    }
-    e->stat_active += (uint64_t)m->n_ff;
-    e->stat_bytes += weight_bytes(&w->gate) + weight_bytes(&w->up) +
-                     (w->down.data ? weight_bytes(&w->down) : weight_bytes(&w->down_t));
-    layer_job j = {e, l, pos};
-    pool_run(e->pool, ffn_up_worker, &j);
     if (e->observer) {
-        matvec(e, e->xb, m->n_embd, 1, &w->gate, e->gate_pre, NULL, NULL, NULL, NULL);
+        matvec_job gj = {e, 1, {&w->gate}, {e->gate_pre}};
+        pool_run(e->pool, matvec_worker, &gj);
         e->observer(e->observer_ctx, l, e->x, e->xb, e->gate_pre);
     }
-    if (w->down.data) {
-        matvec(e, e->hb, m->n_ff, 1, &w->down, e->xb, NULL, NULL, NULL, NULL);
-    } else {
-        pool_run(e->pool, ffn_down_t_worker, &j);
-        reduce_down_partials(e, e->xb);
+    if (e->ffn_mode != FFN_DENSE || !w->down.data) {
+        ffn_chunked(e, l);
+        return;
     }
+    e->stats.computed += (uint64_t)m->n_ff;
+    e->stats.active += (uint64_t)m->n_ff;
+    e->stats.bytes += weight_bytes(&w->gate) + weight_bytes(&w->up) + weight_bytes(&w->down);
+    layer_job j = {e, l, pos};
+    pool_run(e->pool, ffn_up_worker, &j);
+    matvec(e, e->hb, m->n_ff, 1, &w->down, e->xb, NULL, NULL, NULL, NULL);
     for (int i = 0; i < m->n_embd; i++) e->x[i] += e->xb[i];
 }
 
@@ -401,7 +334,7 @@ float *engine_forward(engine *e, int token, int pos) {
     if (token < 0 || token >= m->n_vocab || pos < 0 || pos >= e->n_ctx) return NULL;
     dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)token * m->tok_embd.row_bytes, e->x,
                    m->n_embd);
-    e->stat_active = e->stat_bytes = 0;
+    memset(&e->stats, 0, sizeof e->stats);
     for (int l = 0; l < m->n_layer; l++) {
         attention_block(e, l, pos);
         ffn_block(e, l, pos);

@@ -273,28 +273,34 @@ uint64_t model_bytes_per_token(const model *m) {
 #define TRANSPOSE_CHUNK 256 /* columns dequantized at a time: a multiple of every block size */
 
 int weight_transpose(const weight *w, uint32_t type, weight *out) {
+    return weight_transpose_cols(w, 0, (long)w->cols, type, out);
+}
+
+int weight_transpose_cols(const weight *w, long c_begin, long c_end, uint32_t type, weight *out) {
     memset(out, 0, sizeof *out);
     if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && w->rows % QK8_0) return -1;
+    if (c_begin < 0 || c_end > w->cols || c_begin > c_end || (w->type != GGML_TYPE_F32 && w->type != GGML_TYPE_F16 && c_begin % QK8_0))
+        return -1;
     size_t row_bytes = ggml_row_bytes(type, (uint64_t)w->rows);
-    char *data = malloc((size_t)w->cols * row_bytes);
+    char *data = malloc((size_t)(c_end - c_begin) * row_bytes + 1);
     float *tile = malloc(sizeof(float) * TRANSPOSE_CHUNK * (size_t)w->rows); /* [rows][chunk] */
     float *column = malloc(sizeof(float) * (size_t)w->rows);
     if (!data || !tile || !column) {
         free(data); free(tile); free(column);
         return -1;
     }
-    for (int64_t c0 = 0; c0 < w->cols; c0 += TRANSPOSE_CHUNK) {
-        int64_t len = w->cols - c0 < TRANSPOSE_CHUNK ? w->cols - c0 : TRANSPOSE_CHUNK;
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += TRANSPOSE_CHUNK) {
+        int64_t len = c_end - c0 < TRANSPOSE_CHUNK ? c_end - c0 : TRANSPOSE_CHUNK;
         for (int64_t r = 0; r < w->rows; r++)
             dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes + ggml_row_bytes(w->type, (uint64_t)c0),
                            tile + (size_t)r * TRANSPOSE_CHUNK, len);
         for (int64_t j = 0; j < len; j++) {
             for (int64_t r = 0; r < w->rows; r++) column[r] = tile[(size_t)r * TRANSPOSE_CHUNK + (size_t)j];
-            quantize_row(type, column, data + (size_t)(c0 + j) * row_bytes, w->rows);
+            quantize_row(type, column, data + (size_t)(c0 - c_begin + j) * row_bytes, w->rows);
         }
     }
     free(tile);
     free(column);
-    *out = (weight){data, type, w->cols, w->rows, row_bytes};
+    *out = (weight){data, type, c_end - c_begin, w->rows, row_bytes};
     return 0;
 }

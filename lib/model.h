@@ -73,5 +73,8 @@ uint64_t model_bytes_per_token(const model *m);
  * 180 MB as F32, 48 MB as Q8_0). Q8_0 needs w->rows % 32 == 0. Returns 0, or
  * -1 (out of memory / bad shape); the caller free()s out->data. */
 int weight_transpose(const weight *w, uint32_t type, weight *out);
+/* The same for columns [c_begin, c_end) only (out row j = column c_begin + j);
+ * c_begin a multiple of 32 for quantized weights. */
+int weight_transpose_cols(const weight *w, long c_begin, long c_end, uint32_t type, weight *out);
 
 #endif

@@ -390,10 +390,12 @@ static int v_decode_task(const vctx *v, const Pi2__Envelope *env) {
         check_range(v, p, "heads", m->head_begin, m->head_end, "n_head", lim->n_head))
         return -1;
     if (m->layer == lim->n_layer) {
-        if (m->head_begin != m->head_end || m->n_clusters)
-            return fail(v, "%s.layer = n_layer (the output task) has heads or clusters", p);
+        if (m->head_begin != m->head_end || m->n_clusters || m->ffn_mode)
+            return fail(v, "%s.layer = n_layer (the output task) has heads, clusters or an ffn_mode", p);
         return 0;
     }
+    if (m->ffn_mode < PI2__FFN_MODE__FFN_MODE_DENSE || m->ffn_mode > PI2__FFN_MODE__FFN_MODE_PREDICTOR)
+        return fail(v, "%s.ffn_mode = %d is not a mode", p, (int)m->ffn_mode);
     return check_clusters(v, p, "clusters", m->clusters, m->n_clusters, m->layer, SLOTS_OPTIONAL,
                           lim->n_ff);
 }
@@ -497,6 +499,8 @@ static int v_generate_request(const vctx *v, const Pi2__Envelope *env) {
         return fail(v, "%s.prompt contains a NUL byte", p);
     if (m->n_predict > MSG_MAX_PREDICT)
         return fail(v, "%s.n_predict = %" PRIu32 " > %u", p, m->n_predict, MSG_MAX_PREDICT);
+    if ((int)m->ffn_mode < 0 || m->ffn_mode > PI2__FFN_MODE__FFN_MODE_PREDICTOR)
+        return fail(v, "%s.ffn_mode = %d is not a mode", p, (int)m->ffn_mode);
     return check_sampling(v, p, m->sampling);
 }
 

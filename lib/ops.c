@@ -31,7 +31,7 @@ float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in) {
 
 /* out[i] = W[r0 + i] . in for i < r1 - r0; Q4_0 rows through the gemv,
  * which gives row_dot's bits faster */
-static void dot_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
+void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
     if (w->type == GGML_TYPE_Q4_0) {
         k->gemv_q4_0((const block_q4_0 *)((const char *)w->data + (size_t)r0 * w->row_bytes), w->row_bytes, in->q8,
                      out, (int)(r1 - r0), (int)w->cols);
@@ -41,7 +41,7 @@ static void dot_rows(const kernels *k, const weight *w, const act_vec *in, float
 }
 
 void matvec_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
-    dot_rows(k, w, in, out + r0, r0, r1);
+    matvec_rows_packed(k, w, in, out + r0, r0, r1);
 }
 
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
@@ -112,8 +112,8 @@ void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, cons
     float g[FFN_CHUNK], u[FFN_CHUNK];
     for (long c = i0; c < i1; c += FFN_CHUNK) {
         const long e = c + FFN_CHUNK < i1 ? c + FFN_CHUNK : i1;
-        dot_rows(k, &w->gate, in, g, c, e);
-        dot_rows(k, &w->up, in, u, c, e);
+        matvec_rows_packed(k, &w->gate, in, g, c, e);
+        matvec_rows_packed(k, &w->up, in, u, c, e);
         switch (m->act) {
         case FFN_SILU: k->silu_mul(hb + c, g, u, (int)(e - c)); break;
         case FFN_RELU:

@@ -23,6 +23,8 @@ void act_convert_for(const kernels *k, act_vec *a, const float *x, int n, const 
 float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in);
 /* out[r] = W[r] . in for r in [r0, r1) */
 void matvec_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
+/* the same into out[r - r0] */
+void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
 
 /* llama.cpp's RMSNorm: sum of squares in double, then scale, then the norm weight. */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -203,6 +203,7 @@ predictor_input predictor_get_input(const predictor *p) {
 }
 int predictor_max_rank(const predictor *p) { return p->max_rank; }
 float predictor_threshold(const predictor *p, int layer) { return p->threshold[layer]; }
+void predictor_set_threshold(predictor *p, int layer, float tau) { p->threshold[layer] = tau; }
 float predictor_gate_cut(const predictor *p, int layer) { return p->gate_cut[layer]; }
 
 uint64_t predictor_bytes_per_token(const predictor *p) {
@@ -212,19 +213,34 @@ uint64_t predictor_bytes_per_token(const predictor *p) {
     return total;
 }
 
-/* out[r] = W[r] . x for all rows, x converted as W's type needs. */
-static void rows_dot(predictor *p, const weight *w, const float *x, float *out) {
+uint64_t predictor_row_bytes(const predictor *p, int layer) { return p->b[layer].row_bytes; }
+uint64_t predictor_stage1_bytes(const predictor *p, int layer) {
+    return (uint64_t)p->a[layer].rows * p->a[layer].row_bytes;
+}
+
+/* conv = x converted as w's type needs. */
+static void convert_for(const predictor *p, const weight *w, const float *x, act_vec *conv) {
     const weight *ws[1] = {w};
-    act_convert_for(p->k, &p->conv, x, (int)w->cols, ws, 1);
-    matvec_rows(p->k, w, &p->conv, out, 0, (long)w->rows);
+    act_convert_for(p->k, conv, x, (int)w->cols, ws, 1);
+}
+
+void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
+                       act_vec *conv) {
+    const weight *a = &p->a[layer];
+    convert_for(p, a, p->kind == PREDICTOR_POWERINFER ? residual : ffn_in, conv);
+    matvec_rows(p->k, a, conv, hidden, 0, (long)a->rows);
+    if (p->kind == PREDICTOR_POWERINFER)
+        for (int64_t r = 0; r < a->rows; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
+    convert_for(p, &p->b[layer], hidden, conv);
+}
+
+void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits) {
+    matvec_rows_packed(p->k, &p->b[layer], conv, logits, i0, i1);
 }
 
 void predictor_logits(predictor *p, int layer, const float *residual, const float *ffn_in, float *logits) {
-    const weight *a = &p->a[layer], *b = &p->b[layer];
-    rows_dot(p, a, p->kind == PREDICTOR_POWERINFER ? residual : ffn_in, p->hidden);
-    if (p->kind == PREDICTOR_POWERINFER)
-        for (int64_t r = 0; r < a->rows; r++) p->hidden[r] = p->hidden[r] > 0 ? p->hidden[r] : 0.0f;
-    rows_dot(p, b, p->hidden, logits);
+    predictor_prepare(p, layer, residual, ffn_in, p->hidden, &p->conv);
+    predictor_rows(p, layer, &p->conv, 0, (long)p->m->n_ff, logits);
 }
 
 int predictor_predict(predictor *p, int layer, const float *residual, const float *ffn_in, int32_t *active, int cap) {

@@ -17,6 +17,7 @@
 
 #include "engine.h"
 #include "model.h"
+#include "ops.h"
 
 typedef enum { PREDICTOR_POWERINFER, PREDICTOR_LOWRANK } predictor_kind;
 typedef enum { PREDICTOR_INPUT_RESIDUAL, PREDICTOR_INPUT_FFN_NORM_OUT } predictor_input;
@@ -49,6 +50,8 @@ predictor_kind predictor_get_kind(const predictor *p);
 predictor_input predictor_get_input(const predictor *p);
 int predictor_max_rank(const predictor *p);
 float predictor_threshold(const predictor *p, int layer);
+/* Override a layer's threshold (tools sweep it to trade recall for precision). */
+void predictor_set_threshold(predictor *p, int layer, float tau);
 /* Truth the predictor was calibrated against: neuron fires iff gate > cut
  * (0 for ReLU models; the calibrated SiLU magnitude cut otherwise). */
 float predictor_gate_cut(const predictor *p, int layer);
@@ -61,6 +64,19 @@ uint64_t predictor_bytes_per_token(const predictor *p);
  * (predictor_get_input) may be NULL-checked, the other may be NULL.
  * Uses p's scratch buffers: one thread at a time per predictor. */
 void predictor_logits(predictor *p, int layer, const float *residual, const float *ffn_in, float *logits);
+
+/* The same in two thread-safe steps, for the decode paths (lib/ffn_chunks.h),
+ * with the caller's buffers. predictor_prepare, once per layer: hidden
+ * [predictor_max_rank], conv with room for max(n_embd, max_rank) values; on
+ * return conv holds the hidden vector converted for the second stage. Then any
+ * thread: predictor_rows gives logits[i - i0] for neurons [i0, i1), the same
+ * bits as predictor_logits. */
+void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
+                       act_vec *conv);
+void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits);
+/* Weight bytes of one neuron's second-stage row, and of a layer's first stage. */
+uint64_t predictor_row_bytes(const predictor *p, int layer);
+uint64_t predictor_stage1_bytes(const predictor *p, int layer);
 
 /* Indices (ascending) of the neurons predicted active, written to
  * active[0..min(count, cap)); returns the count (may exceed cap). */

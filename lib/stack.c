@@ -18,6 +18,7 @@ void act_layout_compute(act_layout *L, const model *m, const stack_params *p) {
     L->x_mid = off;    off = align64(off + (uint64_t)m->n_embd * f);
     L->att_out = off;  off = align64(off + (uint64_t)m->n_embd * f);
     L->hb = off;       off = align64(off + (uint64_t)m->n_ff * f);
+    L->ffn_partials = off; off = align64(off + (uint64_t)ffn_chunk_count(m) * (uint64_t)m->n_embd * f);
     L->logits = off;   off = align64(off + (uint64_t)m->n_vocab * f);
     L->tokens = off;   off = align64(off + (uint64_t)p->max_prefill * sizeof(int32_t));
     L->total = off;
@@ -60,12 +61,15 @@ void work_share_compute(work_share *s, const model *m, int worker, int n_workers
     pool_split(m->n_embd, worker, n_workers, &s->row_begin, &s->row_end);
     pool_split(m->n_ff, worker, n_workers, &s->ff_begin, &s->ff_end);
     pool_split(m->n_vocab, worker, n_workers, &s->vocab_begin, &s->vocab_end);
+    pool_split(ffn_chunk_count(m), worker, n_workers, &s->chunk_begin, &s->chunk_end);
 }
 
-void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size) {
+void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,
+              const char *predictor_path) {
     memset(c, 0, sizeof *c);
     c->params = *p;
     snprintf(c->model_path, sizeof c->model_path, "%s", model_path);
+    snprintf(c->predictor_path, sizeof c->predictor_path, "%s", predictor_path ? predictor_path : "");
     c->model_size = model_size;
     atomic_store(&c->epoch, 1);
     atomic_store(&c->barrier, (uint64_t)1 << 32);
@@ -82,9 +86,12 @@ int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, c
         return -1;
     }
     const stack_params *p = &c->params;
-    if (p->n_ctx < 1 || p->n_cpu_workers < 1 || p->n_cpu_workers > STACK_MAX_CPU_WORKERS || p->max_prefill < 1) {
-        snprintf(err, errlen, "control block: bad stack parameters (n_ctx %d, cpu workers %d, max_prefill %d)", p->n_ctx,
-                 p->n_cpu_workers, p->max_prefill);
+    if (p->n_ctx < 1 || p->n_cpu_workers < 1 || p->n_cpu_workers > STACK_MAX_CPU_WORKERS || p->max_prefill < 1 ||
+        p->ffn_mode < FFN_DENSE || p->ffn_mode > FFN_PREDICTOR ||
+        !memchr(c->predictor_path, 0, sizeof c->predictor_path)) {
+        snprintf(err, errlen,
+                 "control block: bad stack parameters (n_ctx %d, cpu workers %d, max_prefill %d, ffn mode %d)",
+                 p->n_ctx, p->n_cpu_workers, p->max_prefill, p->ffn_mode);
         return -1;
     }
     return 0;

@@ -10,11 +10,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ffn_chunks.h"
 #include "model.h"
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3031ull /* "PI2CTL01" */
+#define STACK_CTL_MAGIC 0x50493243544c3032ull /* "PI2CTL02" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
@@ -27,6 +28,7 @@ typedef struct {
     int32_t n_ctx;          /* KV cache positions */
     int32_t n_cpu_workers;  /* decode workers sharing each layer */
     int32_t max_prefill;    /* most prompt tokens one PrefillRequest may carry */
+    int32_t ffn_mode;       /* enum ffn_mode (ffn_chunks.h) of a generation that does not ask for one */
 } stack_params;
 
 /* Byte offsets inside the "act" region (each 64-byte aligned). */
@@ -34,7 +36,8 @@ typedef struct {
     uint64_t x_layers;  /* float [n_layer + 1][n_embd]: residual entering layer l; [n_layer] leaves the last */
     uint64_t x_mid;     /* float [n_embd]: residual after the current layer's attention */
     uint64_t att_out;   /* float [n_embd]: attention output, all heads */
-    uint64_t hb;        /* float [n_ff]: FFN activations */
+    uint64_t hb;        /* float [n_ff]: FFN activations (dense FFN) */
+    uint64_t ffn_partials; /* float [ffn_chunk_count][n_embd]: each neuron chunk's FFN output (sparse FFN) */
     uint64_t logits;    /* float [n_vocab] */
     uint64_t tokens;    /* int32 [max_prefill]: prompt token ids for the npu-worker */
     uint64_t total;     /* bytes of the region */
@@ -62,6 +65,7 @@ typedef struct {
     long row_begin, row_end;    /* rows of attn_output and ffn_down (n_embd rows) */
     long ff_begin, ff_end;      /* FFN neurons (gate/up rows) */
     long vocab_begin, vocab_end;/* output rows */
+    long chunk_begin, chunk_end;/* FFN neuron chunks (ffn_chunks.h) of the sparse FFN */
 } work_share;
 
 void work_share_compute(work_share *s, const model *m, int worker, int n_workers);
@@ -83,6 +87,7 @@ typedef struct {
     stack_params params;
     char model_path[1024];
     uint64_t model_size;            /* of the model file, to refuse attaching with another model */
+    char predictor_path[1024];      /* lowrank side file of FFN_PREDICTOR; empty: the model's PWRI fc1/fc2 */
     _Atomic uint64_t weights_ready; /* 0 while loading; else the load generation */
     _Atomic uint64_t epoch;         /* decode epoch: bumped by the coordinator to abort in-flight work */
     _Atomic uint64_t barrier;       /* epoch (32) | arrived (16) | phase (16), see ctl_barrier_wait */
@@ -90,7 +95,8 @@ typedef struct {
 } stack_ctl;
 
 /* Initialise a fresh control block (cachemgr, at creation). */
-void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size);
+void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,
+              const char *predictor_path);
 /* Validate an attached control block against the model this process loaded
  * (model_path is canonicalised, as cachemgr stores it). */
 int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, char *err, size_t errlen);

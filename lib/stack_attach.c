@@ -53,19 +53,6 @@ static void *region(shm_segment *seg, const char *name, uint64_t need, uint64_t 
     return p;
 }
 
-/* PowerInfer's PWRI layout has only the neuron-major ffn_down_t: its rows are
- * FFN neurons, not output rows, so the stack's row split of the down
- * projection does not apply. */
-static int check_dense_down(const model *m, const char *path) {
-    for (int l = 0; l < m->n_layer; l++)
-        if (!m->layers[l].down.data) {
-            log_error("%s: layer %d has only ffn_down_t (a PowerInfer file); the stack needs ffn_down rows "
-                      "(pi2-ref runs this model)", path, l);
-            return -1;
-        }
-    return 0;
-}
-
 static bool waited_too_long(const stack_view_spec *spec, int64_t deadline) {
     return *spec->stop || ctl_now_ms() > deadline;
 }
@@ -110,7 +97,6 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
         return -1;
     }
     s->model_loaded = true;
-    if (check_dense_down(&s->m, model_path)) goto fail;
     int64_t deadline = ctl_now_ms() + spec->wait_ms;
     if (!(s->ctl_seg = attach_waiting(spec, STACK_SEG_CTL, SHM_KIND_CONTROL, deadline))) goto fail;
     if (!(s->ctl = region(s->ctl_seg, "ctl", sizeof(stack_ctl), NULL))) goto fail;

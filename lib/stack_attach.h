@@ -2,7 +2,7 @@
  * pointing into the weights segment), the control block, the KV cache and
  * the activation region, each attached after waiting for cachemgr to create
  * it and checked against the sizes this process computes from the model and
- * the stack parameters. Models with only ffn_down_t (PWRI) are refused.
+ * the stack parameters.
  * Shared by the coordinator, cpu-worker and npu-worker. */
 #ifndef PI2_STACK_ATTACH_H
 #define PI2_STACK_ATTACH_H

@@ -78,6 +78,11 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
         send_error(w, req, PI2__ERROR_CODE__UNSUPPORTED, why);
         return;
     }
+    if (!m->layers[0].down.data) {
+        send_error(w, req, PI2__ERROR_CODE__UNSUPPORTED,
+                   "the model has no ffn_down matrix (PowerInfer ffn_down_t only): prefill it with decode tasks");
+        return;
+    }
     if (read_tokens(w, r, why, sizeof why)) {
         send_error(w, req, PI2__ERROR_CODE__INVALID, why);
         return;

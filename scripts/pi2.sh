@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # pi2: the supervisor of the pi2 stack (docs/supervisor.md).
-#   pi2 up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--timeout S]
+#   pi2 up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
 #   pi2 down [-r RUN]
 #   pi2 status [-r RUN]
 #   pi2 restart PROC [-r RUN]
 #   pi2 logs PROC [-f] [-r RUN]
 #   pi2 profile PROC [SECONDS] [-r RUN]
 #   pi2 rundir [-r RUN]
-#   pi2 run [-r RUN] -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos]
+#   pi2 run [-r RUN] -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE]
 # RUN defaults to $PI2_RUN, else "default". The programs of the stack are found
 # next to this script (build/bin). `pi2 up` passes its environment on to every
 # process (e.g. PI2_LOG, PI2_TASK_DELAY_US).
@@ -24,16 +24,19 @@ MAX_BACKOFF_MS=5000
 usage() {
     cat <<'EOF'
 usage: pi2 COMMAND [options]          (RUN: -r RUN, default $PI2_RUN or "default")
-  up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--timeout S]
+  up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
                      start the stack of STACK.conf (default: configs/default.conf) on MODEL and
-                     return when the weights are loaded and every process beats (timeout 120 s)
+                     return when the weights are loaded and every process beats (timeout 120 s).
+                     --ffn: auto (default: sparse on ReLU models, with the model's or FILE's
+                     predictor if there is one, else gate-first), dense, gate-first, predictor
   down [-r RUN]      stop every process, remove the segments and the run directory (idempotent)
   status [-r RUN]    per process: pid, CPU list, threads, state, heartbeat age, RSS, tokens, restarts
   restart PROC       stop PROC (e.g. cpu-worker.1); the supervisor starts it again at once
   logs PROC [-f]     the log of PROC (-f: follow it)
   profile PROC [S]   perf cpu-clock samples of PROC for S seconds (default 5), top symbols
-  run -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos]
-                     generate through the stack (pi2-client), text streamed to stdout
+  run -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE]
+                     generate through the stack (pi2-client), text streamed to stdout;
+                     --dense forces a dense FFN (default: the stack's --ffn mode)
   rundir [-r RUN]    print the run directory (sockets, pid files, logs)
   -h, --help         this help
 Processes: cachemgr, io-worker, coordinator, npu-worker, cpu-worker.<i>; logs in RUN_DIR/logs.
@@ -67,7 +70,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_FFN="" CFG_PREDICTOR=""
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
 
@@ -190,7 +193,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\n' "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\n' "$MODEL" "$CFG_CTX" \
+            "$CFG_MAX_PREFILL" "$CFG_FFN" "$CFG_PREDICTOR"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
 }
@@ -259,6 +263,8 @@ proc_command() { # fills CMD for process i
         CMD=("$BIN_DIR/cachemgr" "${base[@]}" --cpu-workers "$(n_cpu_workers)")
         if [ -n "$CFG_CTX" ]; then CMD+=(-c "$CFG_CTX"); fi
         if [ -n "$CFG_MAX_PREFILL" ]; then CMD+=(--max-prefill "$CFG_MAX_PREFILL"); fi
+        if [ -n "$CFG_FFN" ]; then CMD+=(--ffn "$CFG_FFN"); fi
+        if [ -n "$CFG_PREDICTOR" ]; then CMD+=(--predictor "$CFG_PREDICTOR"); fi
         ;;
     io-worker) CMD=("$BIN_DIR/io-worker" "${base[@]}") ;;
     coordinator)
@@ -516,6 +522,8 @@ cmd_up() {
         -r) set_run "$2"; shift 2 ;;
         --ctx) ctx=$2; shift 2 ;;
         --no-npu) no_npu=1; shift ;;
+        --ffn) CFG_FFN=$2; shift 2 ;;
+        --predictor) CFG_PREDICTOR=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) die "up: unknown argument '$1'" ;;
@@ -525,6 +533,11 @@ cmd_up() {
     [ -n "$model" ] || die "up: -m MODEL is required"
     [ -r "$model" ] || die "up: model $model: cannot read it"
     MODEL=$(readlink -f "$model")
+    case $CFG_FFN in "" | auto | dense | gate-first | predictor) ;; *) die "up: --ffn '$CFG_FFN': expected auto, dense, gate-first or predictor" ;; esac
+    if [ -n "$CFG_PREDICTOR" ]; then
+        [ -r "$CFG_PREDICTOR" ] || die "up: predictor $CFG_PREDICTOR: cannot read it"
+        CFG_PREDICTOR=$(readlink -f "$CFG_PREDICTOR")
+    fi
     if [ -z "$conf" ]; then
         conf=$BIN_DIR/../../configs/default.conf
         [ -r "$conf" ] || die "up: no -c STACK.conf and no $conf"
@@ -673,6 +686,7 @@ cmd_run() {
     while [ $# -gt 0 ]; do
         case $1 in
         -r) set_run "$2"; shift 2 ;;
+        --dense) args+=(--ffn dense); shift ;;
         *) args+=("$1"); shift ;;
         esac
     done

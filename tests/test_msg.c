@@ -161,7 +161,7 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         f->dt.layer = 3, f->dt.position = 100, f->dt.in_offset = 0, f->dt.in_length = 16384;
         f->dt.out_offset = 16384, f->dt.out_length = 16384, f->dt.kv_begin = 0, f->dt.kv_end = 101;
         f->dt.head_begin = 0, f->dt.head_end = 16, f->dt.n_clusters = 3, f->dt.clusters = f->clp;
-        f->dt.epoch = 3;
+        f->dt.epoch = 3, f->dt.ffn_mode = PI2__FFN_MODE__FFN_MODE_GATE_FIRST;
         f->env.decode_task = &f->dt;
         break;
     case PI2__ENVELOPE__BODY_TASK_DONE:
@@ -426,7 +426,12 @@ static const char *break_rule(int i, fixture *f) {
     case 80: SET(DECODE_TASK); f->env.session = 0; return "DecodeTask needs a session";
     case 81: SET(DECODE_TASK); f->dt.epoch = 0; return "DecodeTask.epoch must not be 0";
     case 82: SET(DECODE_TASK); f->dt.layer = 32, f->dt.n_clusters = 0; return "the output task) has heads";
-    case 83: SET(DECODE_TASK); f->dt.layer = 32, f->dt.head_end = 0; return "the output task) has heads or clusters";
+    case 83: SET(DECODE_TASK); f->dt.layer = 32, f->dt.head_end = 0; return "the output task) has heads, clusters";
+    case 98: SET(DECODE_TASK); f->dt.ffn_mode = 0; return "DecodeTask.ffn_mode = 0 is not a mode";
+    case 99: SET(DECODE_TASK); f->dt.ffn_mode = 4; return "DecodeTask.ffn_mode = 4 is not a mode";
+    case 100: SET(DECODE_TASK); f->dt.layer = 32, f->dt.head_end = 0, f->dt.n_clusters = 0;
+        return "has heads, clusters or an ffn_mode";
+    case 101: SET(GENERATE_REQUEST); f->gr.ffn_mode = 9; return "GenerateRequest.ffn_mode = 9 is not a mode";
     case 84: SET(GENERATE_REQUEST); f->gr.prompt.len = MSG_MAX_PROMPT + 1, f->gr.prompt.data = (uint8_t *)long_prompt;
         return "GenerateRequest.prompt has 65537 bytes";
     case 85: SET(GENERATE_REQUEST); f->gr.prompt.data = (uint8_t *)"Once\0upon"; f->gr.prompt.len = 9;
@@ -475,6 +480,7 @@ static void test_validation(void) {
     /* The output task: layer n_layer, no heads, no clusters, logits-sized output. */
     fixture_set(&f, PI2__ENVELOPE__BODY_DECODE_TASK);
     f.dt.layer = LIM.n_layer, f.dt.head_end = 0, f.dt.n_clusters = 0, f.dt.out_length = 32000 * 4;
+    f.dt.ffn_mode = 0;
     CHECK(msg_validate(&f.env, &LIM, err, sizeof err) == 0, "output task rejected: %s", err);
     fixture_set(&f, PI2__ENVELOPE__BODY_TASK_DONE);
     f.td.layer = LIM.n_layer;

@@ -39,7 +39,7 @@ static int by_offset(const void *a, const void *b) {
 }
 
 static void test_act_layout(const model *m, int max_prefill) {
-    stack_params p = {512, 2, max_prefill};
+    stack_params p = {512, 2, max_prefill, FFN_DENSE};
     act_layout L;
     act_layout_compute(&L, m, &p);
     uint64_t f = sizeof(float);
@@ -47,6 +47,7 @@ static void test_act_layout(const model *m, int max_prefill) {
                 {"x_mid", L.x_mid, (uint64_t)m->n_embd * f},
                 {"att_out", L.att_out, (uint64_t)m->n_embd * f},
                 {"hb", L.hb, (uint64_t)m->n_ff * f},
+                {"ffn_partials", L.ffn_partials, (uint64_t)ffn_chunk_count(m) * m->n_embd * f},
                 {"logits", L.logits, (uint64_t)m->n_vocab * f},
                 {"tokens", L.tokens, (uint64_t)max_prefill * sizeof(int32_t)}};
     int n = (int)(sizeof s / sizeof *s);
@@ -177,6 +178,8 @@ static void test_work_share(void) {
         check_cover("rows", m.n_embd, s, nw, offsetof(work_share, row_begin), offsetof(work_share, row_end));
         check_cover("neurons", m.n_ff, s, nw, offsetof(work_share, ff_begin), offsetof(work_share, ff_end));
         check_cover("vocab", m.n_vocab, s, nw, offsetof(work_share, vocab_begin), offsetof(work_share, vocab_end));
+        check_cover("FFN chunks", ffn_chunk_count(&m), s, nw, offsetof(work_share, chunk_begin),
+                    offsetof(work_share, chunk_end));
         /* every process computes the same split */
         work_share again;
         work_share_compute(&again, &m, nw - 1, nw);
@@ -184,13 +187,32 @@ static void test_work_share(void) {
     }
 }
 
+/* The neuron chunks of ffn_chunks.h: whole Q8_0 blocks, covering [0, n_ff) in order. */
+static void test_ffn_chunks(void) {
+    const int sizes[] = {1, 31, 32, 172, 343, 1376, 5632, 11008, 13824, 28672};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        model m = {0};
+        m.n_ff = sizes[i];
+        int size = ffn_chunk_neurons(&m), n = ffn_chunk_count(&m);
+        long expect = 0, n0, n1;
+        int ok = size % 32 == 0 && size <= 512 && n >= 1;
+        for (int c = 0; c < n; c++) {
+            ffn_chunk_range(&m, c, &n0, &n1);
+            ok &= n0 == expect && n1 > n0 && n1 - n0 <= size && n0 % 32 == 0;
+            expect = n1;
+        }
+        CHECK(ok && expect == m.n_ff, "n_ff %d: chunks of %d x %d do not tile [0, n_ff) on block boundaries", m.n_ff,
+              n, size);
+    }
+}
+
 /* ---- control block ---- */
 
 static void test_ctl(void) {
     stack_ctl *c = calloc(1, sizeof *c);
-    stack_params p = {2048, 2, 512};
+    stack_params p = {2048, 2, 512, FFN_DENSE};
     char err[512];
-    ctl_init(c, &p, "/models/a.gguf", 12345);
+    ctl_init(c, &p, "/models/a.gguf", 12345, NULL);
     CHECK(ctl_check(c, "/models/a.gguf", 12345, err, sizeof err) == 0, "matching model refused: %s", err);
     CHECK(ctl_check(c, "/models/b.gguf", 12345, err, sizeof err) == -1, "another path accepted");
     CHECK(ctl_check(c, "/models/a.gguf", 12346, err, sizeof err) == -1, "another size accepted");
@@ -245,8 +267,8 @@ static void test_barrier(void) {
     shared_area *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(s != MAP_FAILED, "mmap");
     if (s == MAP_FAILED) return;
-    stack_params p = {16, PROCS, 1};
-    ctl_init(&s->ctl, &p, "m", 1);
+    stack_params p = {16, PROCS, 1, FFN_DENSE};
+    ctl_init(&s->ctl, &p, "m", 1, NULL);
     uint32_t epoch = (uint32_t)atomic_load(&s->ctl.epoch);
     pid_t kids[PROCS];
     for (int i = 0; i < PROCS; i++)
@@ -299,6 +321,7 @@ int main(void) {
     test_rebase("stories260K.gguf");
     test_rebase("synth-q4_0.gguf");
     test_work_share();
+    test_ffn_chunks();
     test_ctl();
     test_barrier();
     return test_summary();

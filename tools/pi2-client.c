@@ -11,6 +11,7 @@
 
 #include "bus.h"
 #include "cli.h"
+#include "ffn_chunks.h"
 #include "log.h"
 #include "msg.h"
 #include "rundir.h"
@@ -26,6 +27,7 @@ typedef struct {
     float temp, top_p;
     uint64_t seed;
     int ignore_eos;
+    int ffn_mode; /* FfnMode on the wire: 0 = the stack's */
 } options;
 
 static void usage(FILE *f) {
@@ -39,19 +41,20 @@ static void usage(FILE *f) {
             "      --top-p P        nucleus sampling threshold (default 0.95)\n"
             "  -s, --seed N         sampling seed (default: from the clock)\n"
             "      --ignore-eos     keep generating after end-of-sequence\n"
+            "      --ffn MODE       dense, gate-first or predictor (default: the stack's, pi2 up --ffn)\n"
             "      --timeout S      give up when the stack sends nothing for S seconds (default 30)\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_TIMEOUT };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_TIMEOUT, OPT_FFN };
     static const struct option longopts[] = {
         {"run", required_argument, 0, 'r'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"seed", required_argument, 0, 's'},
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"timeout", required_argument, 0, OPT_TIMEOUT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"timeout", required_argument, 0, OPT_TIMEOUT}, {"ffn", required_argument, 0, OPT_FFN}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.runid = cli_default_runid(), .prompt = "", .n_predict = 64, .top_k = 40,
                    .timeout_s = 30, .temp = 0.8f, .top_p = 0.95f, .seed = (uint64_t)time(NULL)};
     long v;
@@ -66,6 +69,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPK: if (cli_parse_int(optarg, "--top-k", 0, 1 << 24, &o->top_k)) return -1; break;
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
+        case OPT_FFN: {
+            ffn_mode mode;
+            if (ffn_mode_parse(optarg, &mode)) {
+                log_error("--ffn '%s': expected dense, gate-first or predictor", optarg);
+                return -1;
+            }
+            o->ffn_mode = (int)mode + 1;
+            break;
+        }
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--timeout", 1, 86400, &o->timeout_s)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -105,6 +117,7 @@ static int send_request(bus_socket *s, const options *o) {
     Pi2__GenerateRequest g = PI2__GENERATE_REQUEST__INIT;
     g.prompt.data = (uint8_t *)o->prompt, g.prompt.len = strlen(o->prompt);
     g.n_predict = (uint32_t)o->n_predict, g.sampling = &sp, g.ignore_eos = o->ignore_eos;
+    g.ffn_mode = (Pi2__FfnMode)o->ffn_mode;
     Pi2__Envelope env;
     msg_envelope_init(&env, 1, 0);
     env.body_case = PI2__ENVELOPE__BODY_GENERATE_REQUEST;

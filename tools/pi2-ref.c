@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "log.h"
 #include "model.h"
+#include "predictor.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -20,6 +21,7 @@ typedef struct {
     uint64_t seed;
     int ignore_eos, load;
     ffn_mode ffn;
+    const char *predictor_path;
 } options;
 
 static void usage(FILE *f) {
@@ -37,15 +39,20 @@ static void usage(FILE *f) {
             "      --ignore-eos     keep generating after end-of-sequence\n"
             "      --load           read the model into memory on 2 MiB pages instead of mapping it\n"
             "                       (needs RAM for the whole file; fewer TLB misses, faster decode)\n"
-            "      --ffn MODE       dense (default) or gate-first: ReLU models only; every gate row,\n"
-            "                       then up and down only for the neurons that fire (same tokens;\n"
-            "                       logits differ from dense by rounding)\n"
+            "      --ffn MODE       how the FFN is computed (docs/sparse.md):\n"
+            "                         dense       every neuron (default)\n"
+            "                         gate-first  ReLU models: every gate row, then up and down only for\n"
+            "                                     the neurons that fire (exact)\n"
+            "                         predictor   only the neurons a predictor names: PowerInfer's fc1/fc2\n"
+            "                                     from a PWRI file, or --predictor FILE (approximate)\n"
+            "      --predictor FILE a predictor side file from pi2-predictor build (implies --ffn predictor)\n"
+            "                     the prompt always runs dense (as the stack's prefill), generated tokens in MODE\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN, OPT_PREDICTOR };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -53,7 +60,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"load", no_argument, 0, OPT_LOAD}, {"ffn", required_argument, 0, OPT_FFN},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"predictor", required_argument, 0, OPT_PREDICTOR}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
                    .seed = (uint64_t)time(NULL)};
     long v;
@@ -72,10 +79,12 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_LOAD: o->load = 1; break;
         case OPT_FFN:
-            if (!strcmp(optarg, "dense")) o->ffn = FFN_DENSE;
-            else if (!strcmp(optarg, "gate-first")) o->ffn = FFN_GATE_FIRST;
-            else { log_error("--ffn '%s': expected dense or gate-first", optarg); return -1; }
+            if (ffn_mode_parse(optarg, &o->ffn)) {
+                log_error("--ffn '%s': expected dense, gate-first or predictor", optarg);
+                return -1;
+            }
             break;
+        case OPT_PREDICTOR: o->predictor_path = optarg; o->ffn = FFN_PREDICTOR; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -109,7 +118,7 @@ static double dense_ffn_bytes(const model *m) {
     return total;
 }
 
-static int generate(const options *o, const model *m, const tokenizer *tok, engine *e) {
+static int generate(const options *o, const model *m, const tokenizer *tok, engine *e, const predictor *pred) {
     int n_ctx = engine_n_ctx(e);
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
     if (!tokens) { log_error("out of memory"); return -1; }
@@ -124,8 +133,16 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     sampler_init(&smp, o->temp, o->top_k, o->top_p, o->seed);
     double t0 = now_s(), t_prompt = 0;
     float *logits = NULL;
+    char err[256];
+    /* the prompt with a dense FFN, as the stack's prefill; generated tokens in the chosen mode */
+    engine_set_ffn_mode(e, FFN_DENSE, NULL, err, sizeof err);
     for (int i = 0; i < n_prompt; i++) logits = engine_forward(e, tokens[i], i);
     t_prompt = now_s() - t0;
+    if (engine_set_ffn_mode(e, o->ffn, pred, err, sizeof err)) {
+        log_error("%s", err);
+        free(tokens);
+        return -1;
+    }
     int n_gen = 0, pos = n_prompt;
     double ffn_active = 0, ffn_bytes = 0; /* summed over decode steps */
     double t1 = now_s();
@@ -136,21 +153,22 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
         n_gen++;
         if (pos >= n_ctx) { log_warn("context of %d tokens is full", n_ctx); break; }
         logits = engine_forward(e, next, pos++);
-        uint64_t active, touched;
-        engine_ffn_stats(e, &active, &touched);
-        ffn_active += (double)active;
-        ffn_bytes += (double)touched;
+        engine_ffn_stats_t st;
+        engine_ffn_stats(e, &st);
+        ffn_active += (double)st.active;
+        ffn_bytes += (double)st.bytes;
     }
     double t_gen = now_s() - t1;
     fputc('\n', stdout);
     double gen_rate = n_gen / (t_gen > 0 ? t_gen : 1e-9), bytes = (double)model_bytes_per_token(m);
     log_info("prompt: %d tokens in %.3f s (%.2f tok/s); generated: %d tokens in %.3f s (%.2f tok/s)", n_prompt,
              t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen, t_gen, gen_rate);
-    if (o->ffn == FFN_GATE_FIRST && n_gen > 0) {
+    if (o->ffn != FFN_DENSE && n_gen > 0) {
         double per_token = ffn_bytes / n_gen;
         bytes += per_token - (double)dense_ffn_bytes(m);
-        log_info("gate-first FFN: active fraction %.4f, %.2f MB of FFN weights touched per token (dense %.2f MB)",
-                 ffn_active / n_gen / ((double)m->n_layer * m->n_ff), per_token / 1e6, dense_ffn_bytes(m) / 1e6);
+        log_info("%s FFN: active fraction %.4f, %.2f MB of FFN weights touched per token (dense %.2f MB)",
+                 ffn_mode_name(o->ffn), ffn_active / n_gen / ((double)m->n_layer * m->n_ff), per_token / 1e6,
+                 dense_ffn_bytes(m) / 1e6);
     }
     log_info("decode streams %.1f MB of weights per token: %.2f GB/s", bytes / 1e6, gen_rate * bytes / 1e9);
     sampler_free(&smp);
@@ -174,16 +192,23 @@ int main(int argc, char **argv) {
     if (tokenizer_n_vocab(tok) != m.n_vocab) log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(tok), m.n_vocab);
     engine *e = engine_new(&m, o.n_threads, o.n_ctx, err, sizeof err);
     if (!e) { log_error("%s", err); tokenizer_free(tok); model_free(&m); return 1; }
-    if (engine_set_ffn_mode(e, o.ffn, err, sizeof err)) {
-        log_error("%s: %s", o.model_path, err);
+    predictor *pred = NULL;
+    if (o.ffn == FFN_PREDICTOR && !(pred = predictor_load(&m, o.predictor_path, err, sizeof err))) {
+        log_error("%s", err);
         engine_free(e); tokenizer_free(tok); model_free(&m);
         return 1;
     }
+    if (engine_set_ffn_mode(e, o.ffn, pred, err, sizeof err)) {
+        log_error("%s: %s", o.model_path, err);
+        predictor_free(pred); engine_free(e); tokenizer_free(tok); model_free(&m);
+        return 1;
+    }
     log_info("%s: %s, %d layers, dim %d, ffn %d (%s, %s), vocab %d, ctx %d, %d threads", o.model_path, m.arch,
-             m.n_layer, m.n_embd, m.n_ff, ffn_act_name(m.act), o.ffn == FFN_GATE_FIRST ? "gate-first" : "dense",
+             m.n_layer, m.n_embd, m.n_ff, ffn_act_name(m.act), ffn_mode_name(o.ffn),
              m.n_vocab, engine_n_ctx(e), o.n_threads);
-    int rc = generate(&o, &m, tok, e) ? 1 : 0;
+    int rc = generate(&o, &m, tok, e, pred) ? 1 : 0;
     engine_free(e);
+    predictor_free(pred);
     tokenizer_free(tok);
     model_free(&m);
     return rc;
