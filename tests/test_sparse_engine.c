@@ -75,6 +75,28 @@ static engine *make_engine(const model *m, int threads, ffn_mode mode, const pre
     return e;
 }
 
+/* A worker's share of the neuron-major down rows (weight_transpose_cols) is
+ * exactly those rows of the whole transpose. */
+static void check_transpose_cols(const char *label, const model *m) {
+    const weight *down = &m->layers[0].down;
+    if (!down->data) return;
+    uint32_t type = down->type == GGML_TYPE_F32 || down->type == GGML_TYPE_F16 ? GGML_TYPE_F32 : GGML_TYPE_Q8_0;
+    long c0 = 96, c1 = m->n_ff - 32;
+    weight all, part;
+    int rc_all = weight_transpose(down, type, &all), rc_part = weight_transpose_cols(down, c0, c1, type, &part);
+    CHECK(rc_all == 0 && rc_part == 0, "%s: transposes failed", label);
+    if (rc_all == 0 && rc_part == 0)
+        CHECK(part.rows == c1 - c0 && part.row_bytes == all.row_bytes &&
+                  !memcmp(part.data, (const char *)all.data + (size_t)c0 * all.row_bytes, (size_t)(c1 - c0) * all.row_bytes),
+              "%s: columns [%ld, %ld) transposed alone differ from those rows of the whole transpose", label, c0, c1);
+    weight bad;
+    CHECK(weight_transpose_cols(down, 16, c1, GGML_TYPE_Q8_0, &bad) == (down->type == GGML_TYPE_F32 ? 0 : -1),
+          "%s: a column range starting inside a quantization block is not refused", label);
+    if (down->type == GGML_TYPE_F32) free((void *)bad.data);
+    free((void *)all.data);
+    free((void *)part.data);
+}
+
 /* Step both engines together so each step's logits can be compared. */
 typedef enum { SAME_BITS, ROUNDING, QUANTIZED } agreement;
 
@@ -91,6 +113,7 @@ static void compare_model(const char *label, const char *path, agreement expect,
     uint64_t up_row = m.layers[0].up.row_bytes, down_t_row = ggml_row_bytes(down_t_type, (uint64_t)m.n_embd);
     const weight *down = m.layers[0].down.data ? &m.layers[0].down : &m.layers[0].down_t;
     uint64_t dense_bytes = m.n_layer * (gate_bytes + m.n_ff * up_row + (uint64_t)down->rows * down->row_bytes);
+    check_transpose_cols(label, &m);
     for (int p = 0; p < N_PROMPTS; p++) {
         engine *d = make_engine(&m, 2, FFN_DENSE, NULL), *s = make_engine(&m, 2, FFN_GATE_FIRST, NULL),
                *s1 = make_engine(&m, 1, FFN_GATE_FIRST, NULL), *s2 = make_engine(&m, 2, FFN_GATE_FIRST, NULL);

@@ -45,8 +45,9 @@ static void usage(FILE *f) {
             "                                     the neurons that fire (exact)\n"
             "                         predictor   only the neurons a predictor names: PowerInfer's fc1/fc2\n"
             "                                     from a PWRI file, or --predictor FILE (approximate)\n"
-            "      --predictor FILE a predictor side file from pi2-predictor build (implies --ffn predictor)\n"
-            "                     the prompt always runs dense (as the stack's prefill), generated tokens in MODE\n"
+            "      --predictor FILE a predictor side file from pi2-predictor build (no --ffn: predictor)\n"
+            "                       (the prompt always runs dense, as the stack's prefill; generated tokens\n"
+            "                       in MODE)\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact\n");
 }
@@ -64,7 +65,7 @@ static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
                    .seed = (uint64_t)time(NULL)};
     long v;
-    int c;
+    int c, ffn_given = 0;
     while ((c = getopt_long(argc, argv, "m:p:n:t:c:s:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model_path = optarg; break;
@@ -83,13 +84,15 @@ static int parse_args(int argc, char **argv, options *o) {
                 log_error("--ffn '%s': expected dense, gate-first or predictor", optarg);
                 return -1;
             }
+            ffn_given = 1;
             break;
-        case OPT_PREDICTOR: o->predictor_path = optarg; o->ffn = FFN_PREDICTOR; break;
+        case OPT_PREDICTOR: o->predictor_path = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
     }
     if (optind < argc) { log_error("unexpected argument '%s'", argv[optind]); return -1; }
+    if (o->predictor_path && !ffn_given) o->ffn = FFN_PREDICTOR;
     if (!o->model_path) { log_error("no model given (-m FILE)"); usage(stderr); return -1; }
     return 0;
 }
