@@ -34,8 +34,8 @@ void engine_count_firing(engine *e, uint32_t *counts);
  * (gate-first, predictor, or dense on a PWRI file that has only ffn_down_t)
  * runs the chunked sparse FFN, whose result does not depend on the thread count.
  * Gate-first and predictor need neuron-major down rows: the file's ffn_down_t
- * or, built here once, a transpose of ffn_down (F32 for F32/F16 models, exact
- * values; Q8_0 for quantized ones, a requantization that moves the logits by
+ * or, built here once, a transpose of ffn_down (F32 / F16 for F32 / F16 models,
+ * exact values; Q8_0 for quantized ones, a requantization that moves the logits by
  * ~1% of their scale, so greedy tokens can differ from dense at near ties; 1.5
  * GB for a 7B Q4_0 model). Gate-first: ReLU models only. Predictor: p (owned
  * by the caller, for this model); on a SiLU model it is the approximate mode.

@@ -203,7 +203,9 @@ int ffn_down_t_for(const layer_weights *w, long n0, long n1, weight *out, long *
         *first = 0;
         return 0;
     }
-    uint32_t type = w->down.type == GGML_TYPE_F32 || w->down.type == GGML_TYPE_F16 ? GGML_TYPE_F32 : GGML_TYPE_Q8_0;
+    /* F32 and F16 values transpose exactly in their own type; quantized blocks
+     * run along rows, so the columns are requantized (Q8_0 loses least) */
+    uint32_t type = w->down.type == GGML_TYPE_F32 || w->down.type == GGML_TYPE_F16 ? w->down.type : GGML_TYPE_Q8_0;
     if (weight_transpose_cols(&w->down, n0, n1, type, out)) return -1;
     *built = (void *)out->data;
     *first = n0;

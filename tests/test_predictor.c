@@ -12,21 +12,13 @@
 #include "model.h"
 #include "predictor.h"
 #include "synth_rng.h"
+#include "mkmodel_run.h"
 #include "test.h"
 
 static char tmpdir[256];
 
-static const char *build_dir(void) {
-    const char *b = getenv("BUILD");
-    return b && *b ? b : "build";
-}
-
-/* mkmodel into tmpdir/name; returns 0 on success. */
 static int mkmodel(const char *name, const char *flags, char *path, size_t cap) {
-    char cmd[1024];
-    snprintf(path, cap, "%s/%s", tmpdir, name);
-    snprintf(cmd, sizeof cmd, "%s/bin/mkmodel -o %s %s 2>/dev/null", build_dir(), path, flags);
-    return system(cmd);
+    return mkmodel_run(tmpdir, name, flags, path, cap);
 }
 
 static double frob_error(const float *G, const float *A, const float *B, int rows, int cols, int r) {
@@ -304,7 +296,7 @@ int main(void) {
     gen |= mkmodel("shape.gguf", "--preset tiny --act relu --type q8_0 --layers 3 --dim 256 --ff 512", shape_path,
                    sizeof shape_path);
     gen |= mkmodel("pwri.gguf", "--preset tiny --act relu --type q8_0 --pwri --layers 3", pwri_path, sizeof pwri_path);
-    CHECK(gen == 0, "mkmodel generates the test models (%s/bin/mkmodel)", build_dir());
+    CHECK(gen == 0, "mkmodel generates the test models (%s/bin/mkmodel)", test_build_dir());
     snprintf(pred_path, sizeof pred_path, "%s/relu.pred.gguf", tmpdir);
 
     model m, other, other_shape, pwri;

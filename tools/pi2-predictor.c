@@ -1,6 +1,7 @@
 /* pi2-predictor: build, evaluate and inspect activation predictors.
  *   build: a lowrank predictor side file from a model's gate matrices
- *   eval:  recall / precision of a predictor (side file or PWRI fc1/fc2) against the true firing
+ *   eval:  recall / precision of a predictor (side file or PWRI fc1/fc2) against the true firing,
+ *          and a predictor-mode engine's greedy-token agreement with the dense engine
  *   info:  a side file's metadata and per-layer thresholds */
 #include <getopt.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "log.h"
 #include "model.h"
 #include "predictor.h"
+#include "predictor_agree.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -22,6 +24,9 @@ static void usage(FILE *f) {
             "       thresholds on sample prompts to a target recall of the true firing set.\n"
             "eval:  run prompts through the reference engine; per layer: recall, precision,\n"
             "       predicted vs true active fraction. Without -P: the model's PowerInfer fc1/fc2.\n"
+            "       Then dense and predictor-mode engines side by side: neurons computed and FFN\n"
+            "       bytes per token, greedy-token agreement fed dense's tokens (teacher-forced),\n"
+            "       and the common prefix of their own greedy continuations (free-running).\n"
             "  -m, --model FILE     GGUF model\n"
             "  -o, --output FILE    side file to write (build)\n"
             "  -P, --predictor FILE side file to evaluate (eval)\n"
@@ -35,13 +40,14 @@ static void usage(FILE *f) {
             "                       use disjoint sets)\n"
             "  -n, --tokens N       tokens to run (default 256)\n"
             "      --gen N          greedy tokens generated after each prompt (default 16)\n"
+            "      --free-gen N     eval: free-running greedy tokens per prompt (default 32; 0: skip)\n"
             "  -t, --threads N      threads (default 2)\n"
             "  -h, --help           this help\n");
 }
 
 typedef struct {
     const char *model_path, *out_path, *pred_path, *prompts_path;
-    int rank, power_iters, n_tokens, gen, threads;
+    int rank, power_iters, n_tokens, gen, free_gen, threads;
     double recall, silu_keep;
     int type;
 } options;
@@ -53,7 +59,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"recall", required_argument, 0, 1}, {"silu-keep", required_argument, 0, 2},
         {"type", required_argument, 0, 3}, {"power-iters", required_argument, 0, 4},
         {"prompts", required_argument, 0, 5}, {"tokens", required_argument, 0, 'n'},
-        {"gen", required_argument, 0, 6}, {"threads", required_argument, 0, 't'},
+        {"gen", required_argument, 0, 6}, {"free-gen", required_argument, 0, 7},
+        {"threads", required_argument, 0, 't'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int c;
@@ -77,6 +84,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case 5: o->prompts_path = optarg; break;
         case 'n': bad = cli_parse_int(optarg, "--tokens", 1, 1 << 24, &o->n_tokens); break;
         case 6: bad = cli_parse_int(optarg, "--gen", 0, 1 << 16, &o->gen); break;
+        case 7: bad = cli_parse_int(optarg, "--free-gen", 0, 1 << 16, &o->free_gen); break;
         case 't': bad = cli_parse_int(optarg, "--threads", 1, 256, &o->threads); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -136,7 +144,8 @@ static double now_s(void) {
 
 static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
-static void print_table(const model *m, const predictor *p, const predictor_layer_stats *s, int tokens) {
+/* Per-layer recall / precision; returns the all-layer totals. */
+static predictor_layer_stats print_table(const model *m, const predictor_layer_stats *s) {
     printf("%-6s %8s %9s %9s %9s %9s\n", "layer", "recall", "precision", "predicted", "true", "act_mass");
     predictor_layer_stats all = {0};
     for (int l = 0; l < m->n_layer; l++) {
@@ -154,12 +163,45 @@ static void print_table(const model *m, const predictor *p, const predictor_laye
     double cells = (double)all.tokens * m->n_ff;
     printf("%-6s %8.4f %9.4f %9.4f %9.4f %9.4f\n", "all", ratio(all.hits, all.true_active), ratio(all.hits, all.predicted),
            ratio(all.predicted, cells), ratio(all.true_active, cells), ratio(all.mass_kept, all.mass_total));
+    return all;
+}
+
+static void print_agreement(const model *m, const predictor_agreement *a, int free_gen) {
+    double cells = (double)a->steps * m->n_layer * m->n_ff, mib = 1048576.0 * (double)a->steps;
+    printf("\nagreement with dense: teacher-forced %llu tokens (both fed the same tokens); free-running %d greedy "
+           "tokens after each of %llu prompts\n",
+           (unsigned long long)a->steps, free_gen, (unsigned long long)a->free_prompts);
+    printf("%-10s %9s %9s %10s %8s %8s %10s %10s %12s\n", "engine", "computed", "active", "ffn_MiB/tok", "top1",
+           "in_top5", "diff_max", "diff_mean", "free_prefix");
+    printf("%-10s %9.4f %9s %10.3f %8s %8s %10s %10s %12s\n", "dense", ratio(a->dense_computed, cells), "-",
+           ratio(a->dense_bytes, mib), "-", "-", "-", "-", "-");
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "%.2f/%.2f", ratio(a->prefix_sum, a->free_prompts),
+             ratio(a->free_possible, a->free_prompts));
+    printf("%-10s %9.4f %9.4f %10.3f %8.4f %8.4f %10.4g %10.4g %12s\n", "predictor", ratio(a->computed, cells),
+           ratio(a->active, cells), ratio(a->bytes, mib), ratio(a->top1_same, a->steps),
+           ratio(a->top1_in_top5, a->steps), a->rel_diff_max, ratio(a->rel_diff_sum, a->steps), prefix);
+    printf("(computed / active: fraction of all layers' neurons per token; diff: max |logit diff| / max |dense "
+           "logit| per token; free_prefix: mean common prefix / mean tokens possible)\n");
+}
+
+static void print_summary(const model *m, const predictor *p, const predictor_layer_stats *all, int tokens,
+                          const predictor_agreement *a, int free_gen) {
+    double cells = (double)all->tokens * m->n_ff, steps_cells = (double)a->steps * m->n_layer * m->n_ff,
+           mib = 1048576.0 * (double)a->steps;
     printf("summary: kind=%s rank=%d act=%s tokens=%d recall=%.4f precision=%.4f predicted=%.4f true=%.4f "
-           "act_mass=%.4f predictor_mib_per_token=%.2f\n",
+           "act_mass=%.4f predictor_mib_per_token=%.2f agree_tokens=%llu top1_agree=%.4f top1_in_top5=%.4f "
+           "logit_diff_max=%.4g logit_diff_mean=%.4g free_gen=%d free_prompts=%llu free_prefix_mean=%.2f "
+           "free_prefix_frac=%.4f computed=%.4f active=%.4f ffn_mib_per_token=%.3f dense_ffn_mib_per_token=%.3f\n",
            predictor_get_kind(p) == PREDICTOR_POWERINFER ? "powerinfer" : "lowrank", predictor_max_rank(p),
-           ffn_act_name(m->act), tokens, ratio(all.hits, all.true_active), ratio(all.hits, all.predicted),
-           ratio(all.predicted, cells), ratio(all.true_active, cells), ratio(all.mass_kept, all.mass_total),
-           (double)predictor_bytes_per_token(p) / 1048576.0);
+           ffn_act_name(m->act), tokens, ratio(all->hits, all->true_active), ratio(all->hits, all->predicted),
+           ratio(all->predicted, cells), ratio(all->true_active, cells), ratio(all->mass_kept, all->mass_total),
+           (double)predictor_bytes_per_token(p) / 1048576.0, (unsigned long long)a->steps,
+           ratio(a->top1_same, a->steps), ratio(a->top1_in_top5, a->steps), a->rel_diff_max,
+           ratio(a->rel_diff_sum, a->steps), free_gen,
+           (unsigned long long)a->free_prompts, ratio(a->prefix_sum, a->free_prompts),
+           ratio(a->prefix_sum, a->free_possible), ratio(a->computed, steps_cells), ratio(a->active, steps_cells),
+           ratio(a->bytes, mib), ratio(a->dense_bytes, mib));
 }
 
 static int cmd_build_or_eval(bool build, const options *o) {
@@ -205,9 +247,19 @@ static int cmd_build_or_eval(bool build, const options *o) {
     if (tokens < 0) {
         log_error("%s", stats ? err : "out of memory");
     } else {
-        print_table(&m, p, stats, tokens);
+        predictor_layer_stats all = print_table(&m, stats);
         log_info("evaluated %d tokens in %.1f s", tokens, now_s() - t0);
-        rc = 0;
+        t0 = now_s();
+        predictor_agree_opts ao = {run, o->free_gen};
+        predictor_agreement a;
+        if (predictor_agree(&m, p, &ao, &a, err, sizeof err) < 0) {
+            log_error("%s", err);
+        } else {
+            print_agreement(&m, &a, o->free_gen);
+            print_summary(&m, p, &all, tokens, &a, o->free_gen);
+            log_info("compared with dense in %.1f s", now_s() - t0);
+            rc = 0;
+        }
     }
     free(stats);
     predictor_free(p);
@@ -286,7 +338,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 1;
     }
-    options o = {.rank = 0, .power_iters = 2, .n_tokens = 256, .gen = 16, .threads = 2, .recall = 0.99,
+    options o = {.rank = 0, .power_iters = 2, .n_tokens = 256, .gen = 16, .free_gen = 32, .threads = 2, .recall = 0.99,
                  .silu_keep = 0.2, .type = GGML_TYPE_F16};
     if (parse_args(argc - 1, argv + 1, &o)) return 1;
     if (!strcmp(cmd, "eval") && o.out_path) log_warn("-o is ignored by eval");

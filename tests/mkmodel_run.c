@@ -1,0 +1,16 @@
+#include "mkmodel_run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *test_build_dir(void) {
+    const char *b = getenv("BUILD");
+    return b && *b ? b : "build";
+}
+
+int mkmodel_run(const char *dir, const char *name, const char *flags, char *path, size_t cap) {
+    char cmd[1536];
+    snprintf(path, cap, "%s/%s", dir, name);
+    snprintf(cmd, sizeof cmd, "%s/bin/mkmodel -o %s %s 2>/dev/null", test_build_dir(), path, flags);
+    return system(cmd);
+}
