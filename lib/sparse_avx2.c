@@ -3,20 +3,16 @@
  * time (AVX2 has no cheaper multi-row form: the per-block work is weight-side);
  * axpy follows the scalar definition exactly.
  *
- * The weights are a gather of scattered rows, so each kernel prefetches along
- * the concatenation of its current rows and the next ones: near the end of a
- * row the lines ahead are the next row's first lines, which the hardware
- * prefetcher cannot guess. */
+ * The weights are a gather of scattered rows, which the hardware prefetcher
+ * cannot guess, so each kernel prefetches, at the offset it is reading, the
+ * rows it reads next: a dot the next row, an axpy the next group's rows. Into
+ * L2 (T1), as in sparse_avx512.c: prefetches into L1 read slower on Zen 4. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "sparse_kernels.h"
 #include "sparse_rows.h"
-
-/* bytes ahead in each stream (as in sparse_avx512.c) */
-#define PREFETCH_ROW 1024
-#define PREFETCH_AXPY 512
 
 #define AXPY_ROWS 8 /* rows applied per pass over y */
 
@@ -26,18 +22,20 @@ static float load_f16(const void *p) {
     return _cvtsh_ss(h);
 }
 
-static void prefetch_ahead(const char *row, const char *next, size_t off, size_t row_bytes) {
-    if (off < row_bytes) _mm_prefetch(row + off, _MM_HINT_T0);
-    else if (next && off - row_bytes < row_bytes) _mm_prefetch(next + (off - row_bytes), _MM_HINT_T0);
+/* always inlined: GCC 12 judges a small function whose only effect is a
+ * prefetch "const" and deletes its calls */
+#define HOT static inline __attribute__((always_inline))
+
+HOT void prefetch_l2(const char *next, size_t off) {
+    if (next) _mm_prefetch(next + off, _MM_HINT_T1);
 }
 
-/* Called as the bytes [off, off+step) of m rows are consumed: prefetch, at
- * `lead` bytes ahead, each cache line that this step enters. */
-static void prefetch_step(const char *const *rows, const char *const *next, int m, size_t off, size_t step,
-                          size_t lead, size_t row_bytes) {
-    const size_t ahead = off + lead + step - 1;
-    if ((ahead >> 6) == ((ahead - step) >> 6)) return;
-    for (int r = 0; r < m; r++) prefetch_ahead(rows[r], next[r], ahead, row_bytes);
+/* Called as the bytes [off, off+step) of m rows are consumed: prefetch each
+ * line this step enters in the rows read next (NULL: none). */
+HOT void prefetch_step(const char *const *next, int m, size_t off, size_t step) {
+    const size_t last = off + step - 1;
+    if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
+    for (int r = 0; r < m; r++) prefetch_l2(next[r], last);
 }
 
 static float hsum256(__m256 v) {
@@ -51,12 +49,11 @@ static float hsum256(__m256 v) {
 
 static float dot_row_f32(const char *row, const char *next, const float *x, int n) {
     const float *w = (const float *)row;
-    const size_t row_bytes = (size_t)n * sizeof(float);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        prefetch_ahead(row, next, (size_t)i * 4 + PREFETCH_ROW, row_bytes);
-        prefetch_ahead(row, next, (size_t)i * 4 + 64 + PREFETCH_ROW, row_bytes);
+        prefetch_l2(next, (size_t)i * 4);
+        prefetch_l2(next, (size_t)i * 4 + 64);
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
         acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
@@ -72,11 +69,10 @@ static __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_s
 
 static float dot_row_f16(const char *row, const char *next, const uint16_t *x, int n) {
     const uint16_t *w = (const uint16_t *)row;
-    const size_t row_bytes = (size_t)n * sizeof(uint16_t);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        prefetch_ahead(row, next, (size_t)i * 2 + PREFETCH_ROW, row_bytes);
+        prefetch_l2(next, (size_t)i * 2);
         acc0 = _mm256_fmadd_ps(load_f16x8(w + i), load_f16x8(x + i), acc0);
         acc1 = _mm256_fmadd_ps(load_f16x8(w + i + 8), load_f16x8(x + i + 8), acc1);
         acc2 = _mm256_fmadd_ps(load_f16x8(w + i + 16), load_f16x8(x + i + 16), acc2);
@@ -109,12 +105,11 @@ static __m256i load_q4_0(const block_q4_0 *blk) {
     static float dot_row_##T(const char *row, const char *next, const block_q8_0 *x, int n) {                   \
         const BLOCK *w = (const BLOCK *)row;                                                                     \
         const int nb = n / QK8_0;                                                                                \
-        const size_t row_bytes = (size_t)nb * sizeof(BLOCK);                                                     \
-        const char *const rows[1] = {row}, *const nexts[1] = {next};                                             \
+        const char *const nexts[1] = {next};                                                                     \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                           \
         int b = 0;                                                                                               \
         for (; b + 2 <= nb; b += 2) {                                                                            \
-            prefetch_step(rows, nexts, 1, (size_t)b * sizeof(BLOCK), 2 * sizeof(BLOCK), PREFETCH_ROW, row_bytes); \
+            prefetch_step(nexts, 1, (size_t)b * sizeof(BLOCK), 2 * sizeof(BLOCK));                                \
             const __m256 d0 = _mm256_set1_ps(load_f16(&w[b].d) * load_f16(&x[b].d));                            \
             const __m256 d1 = _mm256_set1_ps(load_f16(&w[b + 1].d) * load_f16(&x[b + 1].d));                     \
             acc0 = _mm256_fmadd_ps(d0, dot_i8x32(load_##T(&w[b]), _mm256_loadu_si256((const __m256i *)x[b].qs)), \
@@ -177,14 +172,12 @@ static void axpy_group_at(axpy_group *g, const char *w, size_t stride, const int
 #define FLOAT_AXPY(T, ELEM, LOAD8, LOAD1)                                                                        \
     static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count,        \
                          float *y, int n) {                                                                      \
-        const size_t row_bytes = (size_t)n * sizeof(ELEM);                                                       \
         for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                          \
             axpy_group g;                                                                                        \
             axpy_group_at(&g, w, stride, idx, coef, count, k0);                                                  \
             int i = 0;                                                                                           \
             for (; i + 32 <= n; i += 32) {                                                                       \
-                prefetch_step(g.rows, g.next, g.m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM), PREFETCH_AXPY,   \
-                              row_bytes);                                                                        \
+                prefetch_step(g.next, g.m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM));                         \
                 __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);                             \
                 __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);                       \
                 for (int r = 0; r < g.m; r++) {                                                                  \
@@ -218,13 +211,12 @@ static __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_e
 static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n) {
     const int nb = n / QK8_0;
-    const size_t row_bytes = (size_t)nb * sizeof(block_q8_0);
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
         axpy_group_at(&g, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
-            prefetch_step(g.rows, g.next, g.m, off, sizeof(block_q8_0), PREFETCH_AXPY, row_bytes);
+            prefetch_step(g.next, g.m, off, sizeof(block_q8_0));
             float *yb = y + b * QK8_0;
             __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8);
             __m256 y2 = _mm256_loadu_ps(yb + 16), y3 = _mm256_loadu_ps(yb + 24);
@@ -249,14 +241,13 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n) {
     const int nb = n / QK4_0;
-    const size_t row_bytes = (size_t)nb * sizeof(block_q4_0);
     const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
         axpy_group_at(&g, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q4_0);
-            prefetch_step(g.rows, g.next, g.m, off, sizeof(block_q4_0), PREFETCH_AXPY, row_bytes);
+            prefetch_step(g.next, g.m, off, sizeof(block_q4_0));
             float *yb = y + b * QK4_0;
             __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8);
             __m256 y2 = _mm256_loadu_ps(yb + 16), y3 = _mm256_loadu_ps(yb + 24);
