@@ -16,6 +16,7 @@
 #include "rundir.h"
 
 #define BEAT_MS 100
+#define EXIT_CONFIG 78 /* sysexits.h EX_CONFIG: the supervisor does not restart a process that says this */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -160,7 +161,7 @@ int main(int argc, char **argv) {
     }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
-    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? 1 : start(&c);
+    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : start(&c);
     cm_beat(&c, PROC_DEAD);
     cm_close_segments(&c);
     model_free(&c.m);

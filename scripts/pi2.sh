@@ -20,6 +20,8 @@ STOP_GRACE_S=${PI2_STOP_GRACE_S:-5}    # SIGTERM to SIGKILL
 MAX_CPU_WORKERS=16                     # STACK_MAX_CPU_WORKERS in lib/stack.h
 LONG_LIVED_MS=5000                     # a process that ran this long before dying is not crash-looping
 MAX_BACKOFF_MS=5000
+EXIT_USAGE=2                           # a process's exit status for bad arguments (every program)
+EXIT_CONFIG=78                         # ... for a configuration it cannot run (sysexits.h EX_CONFIG)
 
 usage() {
     cat <<'EOF'
@@ -307,6 +309,7 @@ write_state() {
 reap() {
     local st=0
     wait "${PID[$1]}" 2>/dev/null || st=$?
+    REAPED_STATUS=$st
     if ((st > 128)); then REAPED="killed by signal $((st - 128))"; else REAPED="exited with status $st"; fi
 }
 
@@ -391,6 +394,9 @@ supervise() {
                     NEXT_START_MS[$i]=$now
                 elif [ "${P_KIND[$i]}" = coordinator ]; then
                     teardown "the coordinator $desc"
+                elif ((REAPED_STATUS == EXIT_USAGE || REAPED_STATUS == EXIT_CONFIG)); then
+                    # a restart would meet the same arguments: give up at once
+                    teardown "$name refused its configuration ($desc): $(tail -n 1 "$RD/logs/$name.log" 2>/dev/null)"
                 else
                     local delay=0
                     if ((now - STARTED_MS[i] < LONG_LIVED_MS)); then
