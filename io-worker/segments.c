@@ -14,7 +14,7 @@
 int iow_attach_weights(io_worker *w) {
     char name[SHM_NAME_MAX];
     if (shm_make_name(name, sizeof name, w->runid, STACK_SEG_WEIGHTS)) return -1;
-    shm_segment *seg = shm_attach(name, SHM_KIND_WEIGHTS, 0);
+    shm_segment *seg = shm_attach(name, SHM_KIND_WEIGHTS, SHM_ATTACH_NO_POPULATE); /* written once, by our reads */
     if (!seg) {
         log_debug("attach %s: %s", name, shm_last_error());
         return -1;

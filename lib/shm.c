@@ -327,7 +327,8 @@ shm_segment *shm_attach(const char *name, enum shm_kind kind, unsigned flags) {
     if (shm_validate_header(&snap, (uint64_t)st.st_size, kind)) goto fail;
     seg->size = (uint64_t)st.st_size;
     int prot = ro ? PROT_READ : PROT_READ | PROT_WRITE;
-    seg->base = mmap(NULL, seg->size, prot, MAP_SHARED | MAP_POPULATE, seg->fd, 0);
+    int populate = flags & SHM_ATTACH_NO_POPULATE ? 0 : MAP_POPULATE;
+    seg->base = mmap(NULL, seg->size, prot, MAP_SHARED | populate, seg->fd, 0);
     if (seg->base == MAP_FAILED) {
         seg->base = NULL;
         set_err("mmap %s: %s", name, strerror(errno));

@@ -72,6 +72,10 @@ enum {
     /* Reserve the pages (a full /dev/shm still fails here) but do not map
      * them: for a segment the creator overwrites anyway, e.g. weights. */
     SHM_CREATE_NO_PREFAULT = 1 << 2,
+    /* Map without populating the page tables: for a process that only
+     * writes the segment once (the io-worker's reads), whose first touch of
+     * each page would otherwise be paid twice. */
+    SHM_ATTACH_NO_POPULATE = 1 << 3,
 };
 
 const char *shm_last_error(void);
@@ -86,7 +90,8 @@ int shm_make_name(char *buf, size_t len, const char *runid, const char *what);
 shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_region_spec *specs,
                         int n_specs, unsigned flags);
 /* Maps an existing segment after validating magic, version, kind, size
- * (against fstat) and the region table. Page tables are populated now. */
+ * (against fstat) and the region table. Page tables are populated now,
+ * unless SHM_ATTACH_NO_POPULATE. */
 shm_segment *shm_attach(const char *name, enum shm_kind kind, unsigned flags);
 /* Unmaps and closes; the segment itself stays (see shm_unlink_name). */
 void shm_detach(shm_segment *seg);

@@ -100,6 +100,17 @@ static void test_create_attach(void) {
         CHECK(shm_generation(att) == shm_generation(seg) && !shm_is_stale(att), "same generation");
         shm_detach(att);
     }
+    shm_segment *lazy = shm_attach(name, SHM_KIND_WEIGHTS, SHM_ATTACH_NO_POPULATE);
+    CHECK(lazy != NULL, "attach without populating: %s", shm_last_error());
+    if (lazy) {
+        uint64_t sz;
+        uint8_t *c4 = shm_region_ptr(lazy, "cold", &sz);
+        if (c4) c4[sz - 2] = 0x5a; /* the io-worker's way in: written through this mapping */
+        CHECK(c4 && sz == cold_size && c4[1] == 0xab && cold && cold[sz - 2] == 0x5a,
+              "a mapping without populated page tables reads and writes the same memory");
+        if (cold) cold[sz - 2] = 0xab;
+        shm_detach(lazy);
+    }
     shm_segment *ro = shm_attach(name, SHM_KIND_WEIGHTS, SHM_ATTACH_READONLY);
     CHECK(ro != NULL, "read-only attach: %s", shm_last_error());
     if (ro) {
