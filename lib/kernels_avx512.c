@@ -9,10 +9,6 @@
 
 #include "kernels_avx512.h"
 
-static __mmask16 tail_mask16(int left) { return (__mmask16)((1u << left) - 1); }
-
-static __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-
 /* quantize_row_q8_0's x86 path: multiplier 127/amax, rounding to nearest even */
 void quantize_q8_0_avx512(const float *x, block_q8_0 *y, int n) {
     for (int b = 0; b < n / QK8_0; b++) {

@@ -1,7 +1,7 @@
-/* Internal to the AVX-512 kernel files (lib/kernels*_avx512.c, compiled with the
- * AVX-512 flags, which includes lib/sparse_avx512.c): block loaders shared by
- * the fast and the exact quantized dots, and the functions each file
- * contributes to the two kernel tables and to the sparse gather dots. */
+/* Internal to the AVX-512 kernel files (lib/kernels*_avx512.c and
+ * lib/sparse_avx512.c, built with the AVX-512 flags): block loaders shared by
+ * the fast and the exact quantized dots and the sparse gathers, and the
+ * functions each file contributes to the two kernel tables. */
 #ifndef PI2_KERNELS_AVX512_H
 #define PI2_KERNELS_AVX512_H
 
@@ -15,6 +15,11 @@ static inline float load_f16(const void *p) {
     memcpy(&h, p, sizeof h);
     return _cvtsh_ss(h);
 }
+
+/* lanes 0..left-1 of 16 */
+static inline __mmask16 tail_mask16(int left) { return (__mmask16)((1u << left) - 1); }
+
+static inline __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
 /* the 32 quants of blocks b and b+1 of a row, one block per 256-bit half */
 static inline __m512i load_q8_pair(const block_q8_0 *blk) {
@@ -46,6 +51,26 @@ static inline __m512i dot_q4_pair(__m512i q, __m512i xq) {
     return _mm512_sub_epi32(raw, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), xq));
 }
 
+/* one block of each on 256 bits: dot_i8_pair's sums for a Q8_0 weight block */
+static inline __m256i dot_q8_block(const block_q8_0 *w, const block_q8_0 *x) {
+    const __m256i wq = _mm256_loadu_si256((const __m256i *)w->qs);
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), xq),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xq));
+}
+
+/* ... and dot_q4_pair's for a Q4_0 one */
+static inline __m256i dot_q4_block(const block_q4_0 *w, const block_q8_0 *x) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)w->qs);
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xq),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), xq));
+}
+
+static inline int32_t reduce_i32x8(__m256i s) { return _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s)); }
+
 /* four f16 block scales (blocks 18 or 34 bytes apart) packed in a general register */
 static inline uint64_t pack_scales4(const void *first_block, size_t block_bytes) {
     uint64_t packed = 0;
@@ -68,11 +93,8 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n);
 
 /* kernels_fast_avx512.c: quantized dots in the fastest order */
 float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n);
-float dot_q8_0_fast_pf_avx512(const block_q8_0 *w, const block_q8_0 *x, int n, const char *pf);
 float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n);
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
-/* y[r] = dot_q4_0_fast_avx512(rows[r], x, n) bit for bit, for the sparse gather */
-void dot_rows_q4_0_fast_avx512(const block_q4_0 *const *rows, int nrows, const block_q8_0 *x, float *y, int n);
 
 /* kernels_exact_avx512.c: quantized dots in llama.cpp's order */
 float dot_q8_0_exact_avx512(const block_q8_0 *w, const block_q8_0 *x, int n);

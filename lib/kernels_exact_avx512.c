@@ -5,24 +5,6 @@
  * agreement with llama.cpp (tests/test_oracle.c), not for the product. */
 #include "kernels_avx512.h"
 
-static int32_t isum_q8_block(const block_q8_0 *w, const block_q8_0 *x) {
-    const __m256i wq = _mm256_loadu_si256((const __m256i *)w->qs);
-    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), xq),
-                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xq));
-    return _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s));
-}
-
-static int32_t isum_q4_block(const block_q4_0 *w, const block_q8_0 *x) {
-    const __m128i packed = _mm_loadu_si128((const __m128i *)w->qs);
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
-    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xq),
-                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), xq));
-    return _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s));
-}
-
 /* the 16 block sums of 8 registers that each hold the 8 partial sums of blocks
  * 2k and 2k+1 (halves), in block order: an add-transpose tree */
 static __m512i block_sums16(const __m512i s[8]) {
@@ -71,7 +53,7 @@ float dot_q8_0_exact_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
         acc = fma_chain16(acc, block_sums16(s), scales16(w + b, sizeof *w, x + b, sizeof *x));
     }
     for (; b < nb; b++)
-        acc = __builtin_fmaf((float)isum_q8_block(w + b, x + b), load_f16(&w[b].d) * load_f16(&x[b].d), acc);
+        acc = __builtin_fmaf((float)reduce_i32x8(dot_q8_block(w + b, x + b)), load_f16(&w[b].d) * load_f16(&x[b].d), acc);
     return acc;
 }
 
@@ -85,7 +67,7 @@ float dot_q4_0_exact_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
         acc = fma_chain16(acc, block_sums16(s), scales16(w + b, sizeof *w, x + b, sizeof *x));
     }
     for (; b < nb; b++)
-        acc = __builtin_fmaf((float)isum_q4_block(w + b, x + b), load_f16(&w[b].d) * load_f16(&x[b].d), acc);
+        acc = __builtin_fmaf((float)reduce_i32x8(dot_q4_block(w + b, x + b)), load_f16(&w[b].d) * load_f16(&x[b].d), acc);
     return acc;
 }
 

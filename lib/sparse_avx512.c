@@ -1,47 +1,33 @@
 /* AVX-512 (F/BW/VL/DQ + VNNI) sparse kernels; reached only through
  * sparse_kernels_avx512() after the CPU check. Dots reproduce the default
- * avx512 dense set bit for bit (same arithmetic in the same order; the
- * quantized ones rebuild kernels_fast_avx512.c's row code, test_sparse_kernels
- * holds them to its bits); axpy follows the scalar definition exactly.
+ * avx512 dense set bit for bit (same arithmetic in the same order: the
+ * quantized rows are kernels_q_avx512.h's, which the dense set uses too);
+ * axpy follows the scalar definition exactly.
  *
  * The weights are a gather of scattered rows, which the hardware prefetcher
- * cannot guess, so every kernel prefetches the rows it will read next: a dot
- * the row GATHER_AHEAD_ROWS further down the list, at the offset it is
- * reading; an axpy the next group's rows. Into L2 (T1): on this machine
- * (Zen 4) prefetches into L1 are held up by its few miss buffers, and a
- * gather then reads ~7 GB/s where into L2 it reads 11-16 (tools/sparse-bench). */
-#include "kernels_avx512.h"
+ * cannot guess, so every kernel prefetches into L2 the rows it will read
+ * next: a dot the row GATHER_AHEAD_ROWS further down the list, at the offset
+ * it is reading; an axpy the next group's rows (kernels_q_avx512.h says why
+ * L2). */
+#include "kernels_q_avx512.h"
 #include "sparse_kernels.h"
 #include "sparse_rows.h"
 
 #define GATHER_AHEAD_ROWS 2 /* 4.5 KiB ahead for a 4096-wide Q4_0 row: less measured slower, more no faster */
 #define AXPY_ROWS 8         /* rows applied per pass over y (4 and 16 measured slower) */
 
-/* always inlined: GCC 12 judges a small function whose only effect is a
- * prefetch "const" and deletes its calls */
-#define HOT static inline __attribute__((always_inline))
-
-HOT void prefetch_l2(const void *p) { _mm_prefetch(p, _MM_HINT_T1); }
-
-static __mmask16 tail_mask16(int left) { return (__mmask16)((1u << left) - 1); }
-
-/* block scales d_w*d_x of blocks 0 and 1 of w and x, broadcast to lanes 0-7 and 8-15 */
-HOT __m512 q8_pair_scale(const block_q8_0 *w, const block_q8_0 *x) {
-    const __m512 lo = _mm512_set1_ps(load_f16(&w[0].d) * load_f16(&x[0].d));
-    return _mm512_insertf32x8(lo, _mm256_set1_ps(load_f16(&w[1].d) * load_f16(&x[1].d)), 1);
-}
-
 /* Called as the bytes [off, off+step) of the m rows of an axpy group are
  * consumed: prefetch each line this step enters, in the next group's rows. */
-HOT void prefetch_next_group(const char *const *next, int m, size_t off, size_t step) {
+QROW_INLINE void prefetch_next_group(const char *const *next, int m, size_t off, size_t step) {
     const size_t last = off + step - 1;
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
         if (next[r]) prefetch_l2(next[r] + last);
 }
 
-/* the row whose lines a dot prefetches while it reads row i of s */
-static const char *gather_ahead(const row_seq *s, int i) {
+/* the row whose lines a dot prefetches while it reads row i of s (never
+ * NULL, which lets q8_row drop its no-prefetch test) */
+__attribute__((returns_nonnull)) static const char *gather_ahead(const row_seq *s, int i) {
     const int last = row_seq_len(s) - 1;
     return row_seq_row(s, i + GATHER_AHEAD_ROWS < last ? i + GATHER_AHEAD_ROWS : last);
 }
@@ -63,8 +49,6 @@ static float dot_row_f32(const char *row, const char *ahead, const float *x, int
     for (int i = np; i < n; i++) sum = __builtin_fmaf(w[i], x[i], sum);
     return sum;
 }
-
-static __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
 static float dot_row_f16(const char *row, const char *ahead, const uint16_t *x, int n) {
     const uint16_t *w = (const uint16_t *)row;
@@ -93,135 +77,23 @@ static void dot_seq_f16(const row_seq *s, const uint16_t *x, int n) {
     for (int i = 0; i < len; i++) *row_seq_out(s, i) = dot_row_f16(row_seq_row(s, i), gather_ahead(s, i), x, n);
 }
 
-/* Q8_0: per 4 blocks, vpdpbusd pairs into two accumulators scaled per block
- * (dot_q8_0_fast_pf_avx512), the 0-3 leftover blocks on 256 bits into acc0 */
-static float q8_row(const block_q8_0 *w, const block_q8_0 *x, int nb, const char *ahead) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        /* 136 bytes a step: lines 64 bytes apart from its start cover every line */
-        const char *pf = ahead + (size_t)b * sizeof(block_q8_0);
-        prefetch_l2(pf);
-        prefetch_l2(pf + 64);
-        prefetch_l2(pf + 128);
-        const __m512i s0 = dot_i8_pair(load_q8_pair(w + b), load_q8_pair(x + b));
-        const __m512i s1 = dot_i8_pair(load_q8_pair(w + b + 2), load_q8_pair(x + b + 2));
-        acc0 = _mm512_fmadd_ps(q8_pair_scale(w + b, x + b), _mm512_cvtepi32_ps(s0), acc0);
-        acc1 = _mm512_fmadd_ps(q8_pair_scale(w + b + 2, x + b + 2), _mm512_cvtepi32_ps(s1), acc1);
-    }
-    for (; b < nb; b++) {
-        prefetch_l2(ahead + (size_t)b * sizeof(block_q8_0));
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i bias = _mm256_set1_epi8((char)0x80);
-        const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), xq),
-                                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xq));
-        const __m256 d = _mm256_set1_ps(load_f16(&w[b].d) * load_f16(&x[b].d));
-        acc0 = _mm512_add_ps(acc0, _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(s))));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
 static void dot_seq_q8_0(const row_seq *s, const block_q8_0 *x, int n) {
     const int len = row_seq_len(s), nb = n / QK8_0;
     for (int i = 0; i < len; i++)
         *row_seq_out(s, i) = q8_row((const block_q8_0 *)row_seq_row(s, i), x, nb, gather_ahead(s, i));
 }
 
-/* Q4_0 (dot_q4_0_fast_avx512 / gemv_q4_0_fast_avx512): per chunk of
- * Q4_CHUNK_BLOCKS blocks, 4 blocks ("quads") per 512-bit register, block k in
- * 128-bit lane k; quads alternate between two accumulators, which are added
- * and reduced; the 0-3 leftover blocks are added one by one; chunk sums are
- * added in order. The activation quads are prepared once per chunk for all
- * rows. */
-#define Q4_CHUNK_BLOCKS 512
-
-typedef struct {
-    __m512i x_lo, x_hi; /* elements 0-15 and 16-31 of the 4 blocks */
-    __m512i neg_corr;   /* -8*sum(x) per 4-byte group: removes the +8 nibble offset */
-    __m512 dx;          /* activation scale of each lane's block */
-} q4_xquad;
-
-static q4_xquad q4_prepare_xquad(const block_q8_0 *xb) {
-    const __m512i eight = _mm512_set1_epi8(8);
-    const __m512i x01 = load_q8_pair(xb), x23 = load_q8_pair(xb + 2); /* lanes: 0lo 0hi 1lo 1hi */
-    q4_xquad q;
-    q.x_lo = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(2, 0, 2, 0));
-    q.x_hi = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i corr = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, q.x_lo), eight, q.x_hi);
-    q.neg_corr = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
-    const __m128 d4 = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)pack_scales4(xb, sizeof *xb)));
-    q.dx = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                 _mm512_castps128_ps512(d4));
-    return q;
-}
-
-/* acc + 4 weight blocks (72 bytes, read as bytes 0-63 and 8-71 and sorted by
- * word permutes) times a prepared quad, scaled by d_w*d_x */
-HOT __m512 q4_quad(__m512 acc, const block_q4_0 *wb, const q4_xquad *q) {
-    /* block k's 8 words of quants: words 9k+1.. of head; block 3's start at byte 56 = word 24 of tail */
-    static const uint16_t quants[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
-                                        19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63};
-    /* the block scales: words 0, 9, 18 and 27 of head */
-    static const uint16_t scales[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
-    const __m512i nibble = _mm512_set1_epi8(0x0f);
-    const __m512i head = _mm512_loadu_si512(wb), tail = _mm512_loadu_si512((const char *)wb + 8);
-    const __m512i v = _mm512_permutex2var_epi16(head, _mm512_loadu_si512(quants), tail);
-    __m512i isum = _mm512_dpbusd_epi32(q->neg_corr, _mm512_and_si512(v, nibble), q->x_lo);
-    isum = _mm512_dpbusd_epi32(isum, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), q->x_hi);
-    const __m256i dw_f16 = _mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_loadu_si512(scales), head));
-    const __m512 dw = _mm512_cvtph_ps(dw_f16);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, q->dx), acc);
-}
-
-/* one leftover block with 256-bit registers */
-static float q4_block(const block_q4_0 *w, const block_q8_0 *x) {
-    const __m128i packed = _mm_loadu_si128((const __m128i *)w->qs);
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
-    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xq),
-                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), xq));
-    return load_f16(&w->d) * load_f16(&x->d) * (float)_mm512_reduce_add_epi32(_mm512_zextsi256_si512(s));
-}
-
-/* one row's chunk: nquads prepared quads, then the leftover blocks up to cb */
-static float q4_row_chunk(const block_q4_0 *w, const q4_xquad *quads, const block_q8_0 *x, int nquads, int cb,
-                          const char *ahead) {
-    const size_t quad_bytes = 4 * sizeof(block_q4_0);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    int k = 0;
-    for (; k + 2 <= nquads; k += 2) {
-        /* 144 bytes a step: lines 64 bytes apart from its start cover every line */
-        const char *pf = ahead + (size_t)k * quad_bytes;
-        prefetch_l2(pf);
-        prefetch_l2(pf + 64);
-        prefetch_l2(pf + 128);
-        acc0 = q4_quad(acc0, w + 4 * k, &quads[k]);
-        acc1 = q4_quad(acc1, w + 4 * k + 4, &quads[k + 1]);
-    }
-    if (k < nquads) {
-        prefetch_l2(ahead + (size_t)k * quad_bytes);
-        prefetch_l2(ahead + (size_t)k * quad_bytes + 64);
-        acc0 = q4_quad(acc0, w + 4 * k, &quads[k]);
-    }
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (int b = 4 * nquads; b < cb; b++) {
-        prefetch_l2(ahead + (size_t)b * sizeof(block_q4_0));
-        sum += q4_block(&w[b], &x[b]);
-    }
-    return sum;
-}
-
+/* per chunk, the activation quads are prepared once for all the rows */
 static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
     const int nb = n / QK4_0, len = row_seq_len(s);
     q4_xquad quads[Q4_CHUNK_BLOCKS / 4]; /* 32 KiB */
     for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
-        const int cb = nb - b0 < Q4_CHUNK_BLOCKS ? nb - b0 : Q4_CHUNK_BLOCKS, nquads = cb / 4;
+        const int cb = q4_chunk_blocks(nb, b0);
         const size_t chunk_off = (size_t)b0 * sizeof(block_q4_0);
-        for (int k = 0; k < nquads; k++) quads[k] = q4_prepare_xquad(x + b0 + 4 * k);
+        q4_prepare_chunk(quads, x + b0, cb / 4);
         for (int i = 0; i < len; i++) {
-            const float sum = q4_row_chunk((const block_q4_0 *)(row_seq_row(s, i) + chunk_off), quads, x + b0, nquads,
-                                           cb, gather_ahead(s, i) + chunk_off);
+            const float sum = q4_row_chunk((const block_q4_0 *)(row_seq_row(s, i) + chunk_off), quads, x + b0, cb,
+                                           gather_ahead(s, i) + chunk_off);
             float *out = row_seq_out(s, i);
             *out = b0 == 0 ? sum : *out + sum;
         }
