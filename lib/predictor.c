@@ -10,11 +10,13 @@
 
 #include "kernels.h"
 #include "ops.h"
+#include "pred_gemv.h"
 
 struct predictor {
     const model *m;
     predictor_kind kind;
     const kernels *k;
+    pred_gemv_f16_fn gemv_f16;  /* both stages of F16 predictors */
     weight *a, *b;          /* per layer: rows = rank x n_embd, n_ff x rank (fc1/fc2 or pred_a/pred_b) */
     float *threshold, *gate_cut;
     int max_rank;
@@ -47,6 +49,7 @@ static predictor *alloc_predictor(const model *m, predictor_kind kind) {
     p->m = m;
     p->kind = kind;
     p->k = kernels_best();
+    p->gemv_f16 = pred_gemv_f16_best();
     p->a = calloc((size_t)m->n_layer, sizeof *p->a);
     p->b = calloc((size_t)m->n_layer, sizeof *p->b);
     p->threshold = calloc((size_t)m->n_layer, sizeof(float));
@@ -227,15 +230,26 @@ static void convert_for(const predictor *p, const weight *w, const float *x, act
 void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
                        act_vec *conv) {
     const weight *a = &p->a[layer];
-    convert_for(p, a, p->kind == PREDICTOR_POWERINFER ? residual : ffn_in, conv);
-    matvec_rows(p->k, a, conv, hidden, 0, (long)a->rows);
+    const float *in = p->kind == PREDICTOR_POWERINFER ? residual : ffn_in;
+    if (a->type == GGML_TYPE_F16) {
+        p->gemv_f16(a->data, a->row_bytes, (int)a->rows, in, (int)a->cols, hidden);
+    } else {
+        convert_for(p, a, in, conv);
+        matvec_rows(p->k, a, conv, hidden, 0, (long)a->rows);
+    }
     if (p->kind == PREDICTOR_POWERINFER)
         for (int64_t r = 0; r < a->rows; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
     convert_for(p, &p->b[layer], hidden, conv);
 }
 
 void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits) {
-    matvec_rows_packed(p->k, &p->b[layer], conv, logits, i0, i1);
+    const weight *b = &p->b[layer];
+    if (b->type == GGML_TYPE_F16) { /* rows of the rank's length: several per pass (pred_gemv.h) */
+        p->gemv_f16((const char *)b->data + (size_t)i0 * b->row_bytes, b->row_bytes, (int)(i1 - i0), conv->f32,
+                    (int)b->cols, logits);
+        return;
+    }
+    matvec_rows_packed(p->k, b, conv, logits, i0, i1);
 }
 
 void predictor_logits(predictor *p, int layer, const float *residual, const float *ffn_in, float *logits) {

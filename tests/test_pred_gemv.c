@@ -1,0 +1,66 @@
+/* The predictor gemv (lib/pred_gemv.h): the AVX2 and AVX-512 versions give
+ * the scalar reference's bits, for row counts around their row blocking and
+ * lengths around the 16-lane groups; and the scalar reference is a dot
+ * product (checked against a double-precision sum). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f16.h"
+#include "pred_gemv.h"
+#include "synth_rng.h"
+#include "test.h"
+
+#define MAX_ROWS 11
+#define MAX_N 1040
+
+static void fill(uint16_t *w, size_t count, float *x, int n, uint64_t seed) {
+    synth_rng rng = synth_stream(seed, 0);
+    for (size_t i = 0; i < count; i++) w[i] = f32_to_f16((float)synth_normal(&rng));
+    for (int i = 0; i < n; i++) x[i] = (float)synth_normal(&rng);
+}
+
+int main(void) {
+    static const int lengths[] = {1, 7, 15, 16, 17, 31, 32, 33, 128, 130, 1024, 1031};
+    const struct {
+        const char *name;
+        pred_gemv_f16_fn fn;
+    } isas[] = {{"avx2", pred_gemv_f16_avx2()}, {"avx512", pred_gemv_f16_avx512()}};
+    /* rows padded: a stride longer than the row, as a row of a wider matrix */
+    const size_t stride = (MAX_N + 8) * sizeof(uint16_t);
+    uint16_t *w = malloc(stride * MAX_ROWS);
+    float *x = malloc(sizeof(float) * MAX_N), ref[MAX_ROWS], got[MAX_ROWS];
+    int tested_isas = 0;
+    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+        int n = lengths[l];
+        fill(w, stride / sizeof(uint16_t) * MAX_ROWS, x, n, 100 + (uint64_t)n);
+        for (int rows = 1; rows <= MAX_ROWS; rows++) {
+            pred_gemv_f16_scalar(w, stride, rows, x, n, ref);
+            double worst = 0;
+            for (int r = 0; r < rows; r++) {
+                const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)r * stride);
+                double exact = 0, mag = 0;
+                for (int i = 0; i < n; i++) {
+                    exact += (double)f16_to_f32(row[i]) * x[i];
+                    mag += fabs((double)f16_to_f32(row[i]) * x[i]);
+                }
+                worst = fmax(worst, fabs(ref[r] - exact) / (mag + 1e-30));
+            }
+            CHECK(worst < 1e-5, "scalar n=%d rows=%d: relative error %.3g against a double sum", n, rows, worst);
+            for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+                if (!isas[k].fn) continue;
+                tested_isas |= 1 << k;
+                memset(got, 0xff, sizeof got);
+                isas[k].fn(w, stride, rows, x, n, got);
+                CHECK(!memcmp(got, ref, sizeof(float) * (size_t)rows), "%s n=%d rows=%d: not the scalar bits",
+                      isas[k].name, n, rows);
+            }
+        }
+    }
+    printf("pred_gemv: ISAs compared with scalar: %s%s\n", tested_isas & 1 ? "avx2 " : "", tested_isas & 2 ? "avx512" : "");
+    CHECK(pred_gemv_f16_best() != NULL, "a best version");
+    free(w);
+    free(x);
+    return test_summary();
+}
