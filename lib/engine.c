@@ -2,6 +2,7 @@
  * split over a thread pool. The arithmetic lives in ops.c (shared with the
  * stack's workers); this file owns the buffers and the order of the steps. */
 #include "engine.h"
+#include "engine_impl.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -10,41 +11,13 @@
 
 #include "kernels.h"
 #include "ops.h"
+#include "ops_llama.h"
 #include "predictor.h"
 #include "sparse_kernels.h"
 #include "threadpool.h"
 
-struct engine {
-    const model *m;
-    const kernels *k;
-    threadpool *pool;
-    int n_ctx, kv_dim, n_threads;
-    uint16_t *k_cache;   /* [layer][pos][kv_dim] */
-    uint16_t *v_cache;   /* [layer][kv_dim][n_ctx]: transposed so attention's weighted sum is a dot product */
-    float *x, *xb, *q, *kv_k, *kv_v, *att_out, *hb, *logits;
-    float *scores;       /* [n_head][n_ctx] */
-    uint16_t *probs16;   /* [n_head][n_ctx] */
-    uint16_t *q16;       /* [n_embd] */
-    act_vec in;          /* conversion buffers sized for max(n_embd, n_ff) */
-    uint32_t *fire_counts;
-    ffn_observer observer;
-    void *observer_ctx;
-    float *gate_pre;     /* [n_ff], allocated when an observer is set */
-    ffn_mode ffn_mode;
-    /* the chunked FFN (ffn_chunks.h) */
-    const sparse_kernels *gather, *axpy;
-    float *partials;                  /* [n_chunks][n_embd] */
-    ffn_scratch *scratch;             /* [n_threads] */
-    ffn_chunk_stats *chunk_stats;     /* [n_threads] */
-    weight *down_t;                   /* [n_layer], set up by engine_set_ffn_mode (or NULL) */
-    void **down_t_built;              /* [n_layer]: the built copies, to free */
-    const predictor *pred;
-    float *pred_hidden;               /* [max rank] */
-    act_vec pred_conv;                /* for max(n_embd, max rank) */
-    engine_ffn_stats_t stats;
-};
 
-static void *xcalloc(size_t n, size_t size, int *failed) {
+void *engine_xcalloc(size_t n, size_t size, int *failed) {
     void *p = calloc(n ? n : 1, size);
     if (!p) *failed = 1;
     return p;
@@ -68,28 +41,29 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     int bad = !e->pool;
     size_t cache = (size_t)m->n_layer * (size_t)n_ctx * (size_t)e->kv_dim;
     int wide = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
-    e->k_cache = xcalloc(cache, sizeof(uint16_t), &bad);
-    e->v_cache = xcalloc(cache, sizeof(uint16_t), &bad);
-    e->x = xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->xb = xcalloc((size_t)wide, sizeof(float), &bad);
-    e->q = xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->kv_k = xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
-    e->kv_v = xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
-    e->att_out = xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->hb = xcalloc((size_t)m->n_ff, sizeof(float), &bad);
-    e->logits = xcalloc((size_t)m->n_vocab, sizeof(float), &bad);
-    e->scores = xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
-    e->probs16 = xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
-    e->q16 = xcalloc((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    e->k_cache = engine_xcalloc(cache, sizeof(uint16_t), &bad);
+    e->v_cache = engine_xcalloc(cache, sizeof(uint16_t), &bad);
+    e->x = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
+    e->xb = engine_xcalloc((size_t)wide, sizeof(float), &bad);
+    e->q = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
+    e->kv_k = engine_xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
+    e->kv_v = engine_xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
+    e->att_out = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
+    e->hb = engine_xcalloc((size_t)m->n_ff, sizeof(float), &bad);
+    e->logits = engine_xcalloc((size_t)m->n_vocab, sizeof(float), &bad);
+    e->scores = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
+    e->probs16 = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
+    e->q16 = engine_xcalloc((size_t)m->n_embd, sizeof(uint16_t), &bad);
     int nth = e->n_threads = e->pool ? pool_size(e->pool) : 1;
-    e->partials = xcalloc((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
-    e->scratch = xcalloc((size_t)nth, sizeof *e->scratch, &bad);
-    e->chunk_stats = xcalloc((size_t)nth, sizeof *e->chunk_stats, &bad);
+    e->partials = engine_xcalloc((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
+    e->scratch = engine_xcalloc((size_t)nth, sizeof *e->scratch, &bad);
+    e->chunk_stats = engine_xcalloc((size_t)nth, sizeof *e->chunk_stats, &bad);
     for (int t = 0; t < nth && e->scratch; t++) bad |= ffn_scratch_init(&e->scratch[t], m) != 0;
     e->gather = ffn_gather_for(k);
     e->axpy = sparse_kernels_best();
-    e->in.f16 = xcalloc((size_t)wide, sizeof(uint16_t), &bad);
-    e->in.q8 = xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    e->tb = tinyblas_best();
+    e->in.f16 = engine_xcalloc((size_t)wide, sizeof(uint16_t), &bad);
+    e->in.q8 = engine_xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     if (bad) {
         snprintf(err, errlen, "out of memory allocating the engine (KV cache %zu MiB)", cache * 4 >> 20);
         engine_free(e);
@@ -137,8 +111,8 @@ void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx) {
 static int down_t_alloc(engine *e, char *err, size_t errlen) {
     const model *m = e->m;
     int bad = 0;
-    e->down_t = xcalloc((size_t)m->n_layer, sizeof *e->down_t, &bad);
-    e->down_t_built = xcalloc((size_t)m->n_layer, sizeof *e->down_t_built, &bad);
+    e->down_t = engine_xcalloc((size_t)m->n_layer, sizeof *e->down_t, &bad);
+    e->down_t_built = engine_xcalloc((size_t)m->n_layer, sizeof *e->down_t_built, &bad);
     for (int l = 0; l < m->n_layer && !bad; l++) {
         long first;
         if (ffn_down_t_for(&m->layers[l], 0, m->n_ff, &e->down_t[l], &first, &e->down_t_built[l])) {
@@ -158,9 +132,9 @@ static int down_t_alloc(engine *e, char *err, size_t errlen) {
 static int predictor_buffers_alloc(engine *e, const predictor *p) {
     int rank = predictor_max_rank(p), wide = rank > e->m->n_embd ? rank : e->m->n_embd, bad = 0;
     predictor_buffers_free(e);
-    e->pred_hidden = xcalloc((size_t)rank, sizeof(float), &bad);
-    e->pred_conv.f16 = xcalloc((size_t)wide, sizeof(uint16_t), &bad);
-    e->pred_conv.q8 = xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    e->pred_hidden = engine_xcalloc((size_t)rank, sizeof(float), &bad);
+    e->pred_conv.f16 = engine_xcalloc((size_t)wide, sizeof(uint16_t), &bad);
+    e->pred_conv.q8 = engine_xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     return bad ? -1 : 0;
 }
 
@@ -179,6 +153,10 @@ int engine_set_ffn_mode(engine *e, ffn_mode mode, const predictor *p, char *err,
             return -1;
         }
     }
+    if (mode != FFN_DENSE && e->llama) {
+        snprintf(err, errlen, "llama.cpp compatibility computes the dense FFN only");
+        return -1;
+    }
     if (mode != FFN_DENSE && !e->down_t && down_t_alloc(e, err, errlen)) return -1;
     e->pred = mode == FFN_PREDICTOR ? p : NULL;
     e->ffn_mode = mode;
@@ -187,7 +165,7 @@ int engine_set_ffn_mode(engine *e, ffn_mode mode, const predictor *p, char *err,
 
 void engine_ffn_stats(const engine *e, engine_ffn_stats_t *st) { *st = e->stats; }
 
-static kv_layer layer_cache(const engine *e, int l) {
+kv_layer engine_layer_cache(const engine *e, int l) {
     size_t off = (size_t)l * (size_t)e->n_ctx * (size_t)e->kv_dim;
     return (kv_layer){e->k_cache + off, e->v_cache + off, e->n_ctx, e->kv_dim};
 }
@@ -212,12 +190,12 @@ static void matvec_worker(void *ctx, int ith, int nth) {
     for (int i = 0; i < j->n; i++) {
         long rows = j->w[i]->rows;
         long lo = begin > base ? begin - base : 0, hi = end - base < rows ? end - base : rows;
-        if (lo < hi) matvec_rows(j->e->k, j->w[i], &j->e->in, j->out[i], lo, hi);
+        if (lo < hi) (j->e->llama ? llama_matvec_rows : matvec_rows)(j->e->k, j->w[i], &j->e->in, j->out[i], lo, hi);
         base += rows;
     }
 }
 
-static void matvec(engine *e, const float *x, int n, int count, const weight *w0, float *o0,
+void engine_matvec(engine *e, const float *x, int n, int count, const weight *w0, float *o0,
                    const weight *w1, float *o1, const weight *w2, float *o2) {
     matvec_job j = {e, count, {w0, w1, w2}, {o0, o1, o2}};
     act_convert_for(e->k, &e->in, x, n, j.w, count);
@@ -232,7 +210,7 @@ typedef struct {
 static void attention_worker(void *ctx, int ith, int nth) {
     layer_job *j = ctx;
     engine *e = j->e;
-    kv_layer kv = layer_cache(e, j->layer);
+    kv_layer kv = engine_layer_cache(e, j->layer);
     long h0, h1;
     pool_split(e->m->n_head, ith, nth, &h0, &h1);
     attention_heads(e->k, e->m, &kv, e->q16, j->pos, e->scores, e->probs16, e->att_out, h0, h1);
@@ -245,7 +223,8 @@ static void ffn_up_worker(void *ctx, int ith, int nth) {
     uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->layer * m->n_ff : NULL;
     long i0, i1;
     pool_split(m->n_ff, ith, nth, &i0, &i1);
-    ffn_act_rows(e->k, m, &m->layers[j->layer], &e->in, e->hb, i0, i1, counts);
+    if (e->llama) llama_ffn_act_rows(e->k, m, &m->layers[j->layer], &e->in, e->hb, i0, i1, counts);
+    else ffn_act_rows(e->k, m, &m->layers[j->layer], &e->in, e->hb, i0, i1, counts);
 }
 
 /* The chunked FFN: threads take chunks in turn; the result does not depend on who took which. */
@@ -273,15 +252,15 @@ static void attention_block(engine *e, int l, int pos) {
     const model *m = e->m;
     const layer_weights *w = &m->layers[l];
     rmsnorm(e->xb, e->x, w->attn_norm, m->n_embd, m->rms_eps);
-    matvec(e, e->xb, m->n_embd, 3, &w->wq, e->q, &w->wk, e->kv_k, &w->wv, e->kv_v);
+    engine_matvec(e, e->xb, m->n_embd, 3, &w->wq, e->q, &w->wk, e->kv_k, &w->wv, e->kv_v);
     rope(e->q, m->n_head, m->head_dim, pos, m->rope_base);
     rope(e->kv_k, m->n_head_kv, m->head_dim, pos, m->rope_base);
-    kv_layer kv = layer_cache(e, l);
+    kv_layer kv = engine_layer_cache(e, l);
     kv_store(e->k, &kv, pos, e->kv_k, e->kv_v);
     e->k->f32_to_f16_row(e->q, e->q16, m->n_embd);
     layer_job j = {e, l, pos};
     pool_run(e->pool, attention_worker, &j);
-    matvec(e, e->att_out, m->n_embd, 1, &w->wo, e->xb, NULL, NULL, NULL, NULL);
+    engine_matvec(e, e->att_out, m->n_embd, 1, &w->wo, e->xb, NULL, NULL, NULL, NULL);
     for (int i = 0; i < m->n_embd; i++) e->x[i] += e->xb[i];
 }
 
@@ -305,7 +284,7 @@ static void ffn_chunked(engine *e, int l) {
     ffn_reduce_rows(m, e->partials, e->x, e->x, 0, m->n_embd);
 }
 
-static void ffn_block(engine *e, int l, int pos) {
+void engine_ffn_block(engine *e, int l, int pos) {
     const model *m = e->m;
     const layer_weights *w = &m->layers[l];
     rmsnorm(e->xb, e->x, w->ffn_norm, m->n_embd, m->rms_eps);
@@ -325,7 +304,7 @@ static void ffn_block(engine *e, int l, int pos) {
     e->stats.bytes += weight_bytes(&w->gate) + weight_bytes(&w->up) + weight_bytes(&w->down);
     layer_job j = {e, l, pos};
     pool_run(e->pool, ffn_up_worker, &j);
-    matvec(e, e->hb, m->n_ff, 1, &w->down, e->xb, NULL, NULL, NULL, NULL);
+    engine_matvec(e, e->hb, m->n_ff, 1, &w->down, e->xb, NULL, NULL, NULL, NULL);
     for (int i = 0; i < m->n_embd; i++) e->x[i] += e->xb[i];
 }
 
@@ -337,9 +316,9 @@ float *engine_forward(engine *e, int token, int pos) {
     memset(&e->stats, 0, sizeof e->stats);
     for (int l = 0; l < m->n_layer; l++) {
         attention_block(e, l, pos);
-        ffn_block(e, l, pos);
+        engine_ffn_block(e, l, pos);
     }
     rmsnorm(e->xb, e->x, m->output_norm, m->n_embd, m->rms_eps);
-    matvec(e, e->xb, m->n_embd, 1, &m->output, e->logits, NULL, NULL, NULL, NULL);
+    engine_matvec(e, e->xb, m->n_embd, 1, &m->output, e->logits, NULL, NULL, NULL, NULL);
     return e->logits;
 }

@@ -3,6 +3,7 @@
 #ifndef PI2_ENGINE_H
 #define PI2_ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,23 @@ int engine_n_ctx(const engine *e);
 /* Run token at position pos (0-based; positions must be fed in order) and
  * return the logits [n_vocab], valid until the next call. */
 float *engine_forward(engine *e, int token, int pos);
+
+/* Run the prompt tokens[0..n) at positions 0..n-1 (a fresh sequence) and
+ * return the last one's logits, as engine_forward; NULL on a bad token or n.
+ * Token by token, unless llama.cpp compatibility is on (below). */
+float *engine_prefill(engine *e, const int *tokens, int n);
+
+/* llama.cpp compatibility, to show agreement with its outputs (build 4748, CPU
+ * backend: ../shared/oracle) to the last printed digit with the avx512-exact
+ * kernels (tests/test_oracle.c). On: F32 dot products and SiLU as ggml computes
+ * them (lib/ops_llama.h), and engine_prefill runs the prompt as llama.cpp runs
+ * one batch: F32 matrix products and attention's K.q and V.p in llamafile's
+ * tinyBLAS order where its sgemm takes them (lib/tinyblas.h), and after the
+ * last layer's attention only the last token. The FFN observer and firing
+ * counts then see only what runs as a single token. Not the product's order
+ * (a token must get the same bits alone or in a batch: docs/stack.md); off by
+ * default. SiLU models with the dense FFN only. Returns 0, or -1 with a message. */
+int engine_set_llama_compat(engine *e, bool on, char *err, size_t errlen);
 
 /* FFN firing statistics: while counts is non-NULL, counts[l * n_ff + i] is
  * incremented whenever neuron i of layer l has a non-zero activation

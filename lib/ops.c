@@ -80,10 +80,18 @@ static int padded_kv_len(int T, int n_ctx) {
 }
 
 /* llama.cpp (no flash attention): scores = K . q16, softmax in f32 with a
- * double sum, probabilities rounded to F16, output = V^T . p16. */
-void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const uint16_t *q16, int pos,
-                     float *scores, uint16_t *probs16, float *out, long h0, long h1) {
-    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = pos + 1, n_kv = padded_kv_len(T, kv->n_ctx);
+ * double sum, probabilities rounded to F16, output = V^T . p16. In a batch its
+ * KV length is the batch's, and the K . q and V . p products are matrix
+ * products that llamafile's sgemm takes where it can (tinyblas.h). */
+void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_batch, const model *m,
+                           const kv_layer *kv, const uint16_t *q16, int pos, float *scores, uint16_t *probs16,
+                           float *out, long h0, long h1) {
+    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = pos + 1;
+    int n_kv = padded_kv_len(n_batch > T ? n_batch : T, kv->n_ctx);
+    /* K . q: n_kv x head_dim by n_batch; V . p: head_dim x n_kv by n_batch */
+    typedef float (*dot_f16_fn)(const uint16_t *, const uint16_t *, int);
+    const dot_f16_fn kq_dot = tinyblas_takes(n_kv, n_batch, hd) ? tb->dot_f16 : k->dot_f16;
+    const dot_f16_fn vp_dot = tinyblas_takes(hd, n_batch, n_kv) ? tb->dot_f16 : k->dot_f16;
     float scale = 1.0f / sqrtf((float)hd);
     for (long h = h0; h < h1; h++) {
         int kvh = (int)h / group;
@@ -92,7 +100,7 @@ void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const
         const uint16_t *qh = q16 + (size_t)h * hd;
         float mx = -INFINITY;
         for (int t = 0; t < T; t++) {
-            sc[t] = k->dot_f16(kv->k + (size_t)t * kv->kv_dim + (size_t)kvh * hd, qh, hd) * scale;
+            sc[t] = kq_dot(kv->k + (size_t)t * kv->kv_dim + (size_t)kvh * hd, qh, hd) * scale;
             if (sc[t] > mx) mx = sc[t];
         }
         double sum = k->softmax_exp(sc, sc, mx, T);
@@ -100,9 +108,13 @@ void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const
         for (int t = 0; t < T; t++) sc[t] *= inv;
         k->f32_to_f16_row(sc, p16, T);
         memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
-        for (int d = 0; d < hd; d++)
-            out[h * hd + d] = k->dot_f16(kv->v + ((size_t)kvh * hd + d) * kv->n_ctx, p16, n_kv);
+        for (int d = 0; d < hd; d++) out[h * hd + d] = vp_dot(kv->v + ((size_t)kvh * hd + d) * kv->n_ctx, p16, n_kv);
     }
+}
+
+void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const uint16_t *q16, int pos,
+                     float *scores, uint16_t *probs16, float *out, long h0, long h1) {
+    attention_heads_batch(k, NULL, 1, m, kv, q16, pos, scores, probs16, out, h0, h1);
 }
 
 #define FFN_CHUNK 64 /* neurons whose gate and up dots are buffered for one silu_mul */

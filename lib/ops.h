@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "model.h"
+#include "tinyblas.h"
 
 /* An activation vector converted for every weight type that may read it. */
 typedef struct {
@@ -45,6 +46,14 @@ void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, 
  * n_ctx per head (indexed by absolute head); out: [n_head * head_dim]. */
 void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const uint16_t *q16, int pos,
                      float *scores, uint16_t *probs16, float *out, long h0, long h1);
+
+/* The same for the token at pos of a prompt batch at positions 0..n_batch-1
+ * (all in kv), as llama.cpp computes it: over the batch's KV length, with the
+ * K . q and V . p products in tinyBLAS order (tb) where llamafile's sgemm
+ * takes them. n_batch 1 (tb may be NULL): attention_heads. */
+void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_batch, const model *m,
+                           const kv_layer *kv, const uint16_t *q16, int pos, float *scores, uint16_t *probs16,
+                           float *out, long h0, long h1);
 
 /* hb[i] = act(gate_i . x) * (up_i . x) for neurons [i0, i1); counts[i]++ where hb[i] != 0 (counts may be NULL). */
 void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,

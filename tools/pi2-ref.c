@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "engine.h"
+#include "kernels.h"
 #include "log.h"
 #include "model.h"
 #include "predictor.h"
@@ -22,6 +23,7 @@ typedef struct {
     int ignore_eos, load;
     ffn_mode ffn;
     const char *predictor_path;
+    int llama_compat;
 } options;
 
 static void usage(FILE *f) {
@@ -48,12 +50,15 @@ static void usage(FILE *f) {
             "      --predictor FILE a predictor side file from pi2-predictor build (no --ffn: predictor)\n"
             "                       (the prompt always runs dense, as the stack's prefill; generated tokens\n"
             "                       in MODE)\n"
+            "      --llama-compat   reproduce llama.cpp's CPU outputs to their last digits (SiLU models,\n"
+            "                       dense FFN, AVX-512): its summation orders, and the prompt as one\n"
+            "                       batch as llama.cpp runs it (slower; a check, not the product's path)\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN, OPT_PREDICTOR };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN, OPT_PREDICTOR, OPT_LLAMA };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -61,7 +66,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"load", no_argument, 0, OPT_LOAD}, {"ffn", required_argument, 0, OPT_FFN},
-        {"predictor", required_argument, 0, OPT_PREDICTOR}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"predictor", required_argument, 0, OPT_PREDICTOR}, {"llama-compat", no_argument, 0, OPT_LLAMA}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
                    .seed = (uint64_t)time(NULL)};
     long v;
@@ -87,6 +92,7 @@ static int parse_args(int argc, char **argv, options *o) {
             ffn_given = 1;
             break;
         case OPT_PREDICTOR: o->predictor_path = optarg; break;
+        case OPT_LLAMA: o->llama_compat = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -139,7 +145,7 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     char err[256];
     /* the prompt with a dense FFN, as the stack's prefill; generated tokens in the chosen mode */
     engine_set_ffn_mode(e, FFN_DENSE, NULL, err, sizeof err);
-    for (int i = 0; i < n_prompt; i++) logits = engine_forward(e, tokens[i], i);
+    logits = engine_prefill(e, tokens, n_prompt);
     t_prompt = now_s() - t0;
     if (engine_set_ffn_mode(e, o->ffn, pred, err, sizeof err)) {
         log_error("%s", err);
@@ -193,8 +199,15 @@ int main(int argc, char **argv) {
     tokenizer *tok = tokenizer_from_gguf(&m.gguf, err, sizeof err);
     if (!tok) { log_error("%s: %s", o.model_path, err); model_free(&m); return 1; }
     if (tokenizer_n_vocab(tok) != m.n_vocab) log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(tok), m.n_vocab);
-    engine *e = engine_new(&m, o.n_threads, o.n_ctx, err, sizeof err);
+    const kernels *k = o.llama_compat ? kernels_by_name("avx512-exact") : kernels_best();
+    if (!k) { log_error("--llama-compat needs AVX-512 (the avx512-exact kernels)"); tokenizer_free(tok); model_free(&m); return 1; }
+    engine *e = engine_new_with_kernels(&m, k, o.n_threads, o.n_ctx, err, sizeof err);
     if (!e) { log_error("%s", err); tokenizer_free(tok); model_free(&m); return 1; }
+    if (o.llama_compat && engine_set_llama_compat(e, true, err, sizeof err)) {
+        log_error("--llama-compat: %s", err);
+        engine_free(e); tokenizer_free(tok); model_free(&m);
+        return 1;
+    }
     predictor *pred = NULL;
     if (o.ffn == FFN_PREDICTOR && !(pred = predictor_load(&m, o.predictor_path, err, sizeof err))) {
         log_error("%s", err);
