@@ -174,6 +174,7 @@ static int check_params(const synth_params *p, char *err, size_t errlen) {
     if (p->n_layer <= 0 || p->n_layer > 4096 || p->n_embd > (1 << 16) || p->n_ff > (1 << 18))
         return fail(err, errlen, "layers %d, dim %d or ff %d out of range", p->n_layer, p->n_embd, p->n_ff), -1;
     if (p->n_vocab <= 0) return fail(err, errlen, "vocab %d must be positive", p->n_vocab), -1;
+    if (p->relu_up && !p->relu) return fail(err, errlen, "ReLU² needs the ReLU gate (relu set)"), -1;
     if (p->relu && !(p->fire > 0 && p->fire < P_MAX))
         return fail(err, errlen, "fire %.4g must be in (0, %.2f)", p->fire, P_MAX), -1;
     if (p->relu && !(p->hot_frac > 0 && p->hot_frac < 1 && p->hot_share >= p->hot_frac && p->hot_share < 1))
@@ -269,8 +270,9 @@ static void gauss_row(uint64_t key, int64_t first, int64_t n, double scale, floa
 
 static double gauss_scale(const synth_model *m, synth_kind k) {
     double d = m->d, ff = m->ff;
-    /* mean square of one FFN activation: ~fire/2 for ReLU, E[silu(N)^2] ~ 0.35 for SiLU */
-    double act_ms = m->p.relu ? 0.5 * m->p.fire : 0.35;
+    /* mean square of one FFN activation: ~fire/2 for ReLU, half that for ReLU² (relu(up)
+     * zeroes half), E[silu(N)^2] ~ 0.35 for SiLU */
+    double act_ms = m->p.relu ? (m->p.relu_up ? 0.25 : 0.5) * m->p.fire : 0.35;
     switch (k) {
     case SYN_OUTPUT: return LOGIT_SCALE / sqrt(d);
     case SYN_ATTN_OUT: return RESID_SCALE / sqrt(d);

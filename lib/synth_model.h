@@ -11,6 +11,9 @@
  * follow a capped log-normal over neurons, calibrated to the mean firing rate
  * and the share of firings taken by the hottest neurons.
  *
+ * ReLU² (bamboo) uses the same gate; relu(up) then zeroes about half of the
+ * firing neurons (up is independent of the gate), see docs/mkmodel.md.
+ *
  * Every element is a pure function of (seed, tensor, layer, index): rows can
  * be generated in any order by any thread. */
 #ifndef PI2_SYNTH_MODEL_H
@@ -23,6 +26,8 @@
 typedef struct {
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab;
     bool relu;              /* plant firing statistics (ReLU) or plain random weights (SiLU) */
+    bool relu_up;           /* ReLU²: the FFN also clamps up (relu(gate) * relu(up), bamboo);
+                               only ffn_down's scale follows it, the planting targets relu(gate) */
     uint64_t seed;
     double fire;            /* target mean fraction of FFN neurons firing per token */
     double hot_frac;        /* the hottest hot_frac of the neurons ... */

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# mkmodel: tensors, types and shapes as gguf-info reports them, determinism
+# mkmodel: tensors, types and shapes as gguf-info reports them, the bamboo
+# architecture's metadata, determinism
 # (same seed -> same bytes whatever the thread count, other seed -> other
 # bytes), and the planted firing statistics measured by the reference engine.
 set -u
@@ -80,6 +81,33 @@ grep -q 'magic *PWRI' "$TMP/info" && expect blk.1.ffn_down_t.weight q4_0 "64 x 9
     grep -q 'powerinfer.sparse_threshold' "$TMP/info" && ! grep -q 'ffn_down.weight' "$TMP/info"
 check "pwri tensors" $?
 
+# bamboo: general.architecture and every hyperparameter under "bamboo.", the llama file's tensors
+# (names, types, shapes, offsets), and no pi2.ffn_activation unless --act is given (bamboo implies relu2)
+tensor_table() { sed -n '/^tensors/,$p' "$1"; }
+"$MK" -o "$TMP/llama.gguf" $SHAPE 2>/dev/null && "$INFO" "$TMP/llama.gguf" >"$TMP/info-llama" 2>&1
+"$MK" -o "$TMP/bamboo.gguf" $SHAPE --arch bamboo 2>/dev/null; check "generate bamboo" $?
+"$INFO" "$TMP/bamboo.gguf" >"$TMP/info" 2>&1; check "gguf-info reads bamboo" $?
+grep -q 'general.architecture = string "bamboo"' "$TMP/info"; check "bamboo architecture" $?
+sed -n 's/^  llama\./  bamboo./p' "$TMP/info-llama" >"$TMP/keys-llama"
+grep '^  bamboo\.' "$TMP/info" >"$TMP/keys-bamboo"
+[ "$(wc -l <"$TMP/keys-llama")" -ge 10 ] && cmp -s "$TMP/keys-llama" "$TMP/keys-bamboo"
+check "bamboo.* keys are the llama.* keys with the same values" $?
+! grep -q '^  llama\.' "$TMP/info"; check "bamboo file has no llama.* keys" $?
+! grep -q 'pi2.ffn_activation' "$TMP/info"; check "bamboo: no pi2.ffn_activation by default" $?
+cmp -s <(tensor_table "$TMP/info-llama") <(tensor_table "$TMP/info"); check "bamboo tensors = llama tensors" $?
+"$MK" -o "$TMP/bamboo-key.gguf" $SHAPE --arch bamboo --act relu2 2>/dev/null
+"$INFO" "$TMP/bamboo-key.gguf" 2>&1 | grep -q 'pi2.ffn_activation = string "relu2"'
+check "bamboo --act relu2 writes pi2.ffn_activation" $?
+"$MK" -o "$TMP/x.gguf" --arch gpt2 2>/dev/null; [ $? -ne 0 ]; check "--arch gpt2 is refused" $?
+"$MK" -o "$TMP/x.gguf" --act relu3 2>/dev/null; [ $? -ne 0 ]; check "--act relu3 is refused" $?
+"$MK" -o "$TMP/x.gguf" --arch bamboo --act silu --pwri 2>/dev/null; [ $? -ne 0 ]; check "--pwri --act silu is refused" $?
+# bamboo PWRI: the llama PWRI file's tensors
+"$INFO" "$TMP/pwri.gguf" >"$TMP/info-llama" 2>&1
+"$MK" -o "$TMP/bamboo-pwri.gguf" $SHAPE --arch bamboo --pwri 2>/dev/null; check "generate bamboo pwri" $?
+"$INFO" "$TMP/bamboo-pwri.gguf" >"$TMP/info" 2>&1
+grep -q 'magic *PWRI' "$TMP/info" && cmp -s <(tensor_table "$TMP/info-llama") <(tensor_table "$TMP/info")
+check "bamboo pwri tensors = llama pwri tensors" $?
+
 # --- determinism ---
 "$MK" -o "$TMP/s1a.gguf" --preset tiny --seed 7 -t 1 2>/dev/null
 "$MK" -o "$TMP/s1b.gguf" --preset tiny --seed 7 -t 2 2>/dev/null
@@ -108,6 +136,16 @@ check "generate and measure fire 0.25 hot 0.20:0.50" $?
 fire=$(field fire "$TMP/measure"); hot=$(field hot_share "$TMP/measure")
 in_range "$fire" 0.20 0.30; check "fire $fire within 0.20-0.30 (target 0.25)" $?
 in_range "$hot" 0.42 0.58; check "hot share $hot within 0.42-0.58 (target 0.50)" $?
+
+# ReLU² (bamboo): the gate is planted for 0.10; relu(up), independent of the gate, zeroes about
+# half of those neurons (measured 0.050); the hot neurons keep their share (thinned counts bias it up a little)
+"$MK" -o "$f" --dim 256 --ff 2048 --layers 2 --heads 4 --kv-heads 4 --vocab 2048 --ctx 512 --arch bamboo \
+    --measure 256 -t 1 >"$TMP/measure" 2>"$TMP/log"
+check "generate and measure a bamboo model" $?
+grep -q 'activation relu2' "$TMP/measure"; check "bamboo measured with activation relu2" $?
+fire=$(field fire "$TMP/measure"); hot=$(field hot_share "$TMP/measure")
+in_range "$fire" 0.035 0.065; check "bamboo fire $fire within 0.035-0.065 (half of 0.10)" $?
+in_range "$hot" 0.70 0.92; check "bamboo hot-20% share $hot within 0.70-0.92" $?
 
 # SiLU: runs with finite logits (measure fails otherwise); every neuron is non-zero
 "$MK" -o "$f" --preset tiny --act silu --measure 32 -t 1 >"$TMP/measure" 2>"$TMP/log"

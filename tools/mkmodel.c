@@ -1,5 +1,6 @@
-/* mkmodel: write a synthetic llama GGUF (or PowerInfer PWRI) model with a
- * synthetic tokenizer and, for ReLU models, planted FFN activation sparsity;
+/* mkmodel: write a synthetic llama or bamboo GGUF (or PowerInfer PWRI) model
+ * with a synthetic tokenizer and, for ReLU/ReLU² models, planted FFN activation
+ * sparsity;
  * optionally load it back and measure the realized firing statistics.
  * See docs/mkmodel.md for the construction. */
 #include <errno.h>
@@ -19,8 +20,14 @@
 
 enum { T_EMBD, T_ATTN, T_FFN, T_OUTPUT, T_GROUPS };
 
+typedef enum { ACT_DEFAULT, ACT_SILU, ACT_RELU, ACT_RELU2 } act_choice;
+static const char *const act_names[] = {[ACT_SILU] = "silu", [ACT_RELU] = "relu", [ACT_RELU2] = "relu2"};
+
 typedef struct {
     const char *out, *preset;
+    const char *arch;    /* "llama" or "bamboo": general.architecture and the hyperparameter key prefix */
+    act_choice act;      /* as given; ACT_DEFAULT until resolved from the architecture */
+    bool act_given;      /* write pi2.ffn_activation even where the architecture implies it */
     synth_params sp;
     int n_ctx;
     uint32_t type[T_GROUPS];
@@ -32,23 +39,28 @@ typedef struct {
 static void usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s -o OUT.gguf [options]\n"
-            "Writes a synthetic llama model (random weights, synthetic tokenizer). For ReLU models the\n"
-            "FFN gate is built so that about --fire of the neurons fire per token, with the hottest\n"
-            "neurons taking most firings (--hot). Generation streams tensor by tensor (bounded memory).\n"
+            "Writes a synthetic llama or bamboo model (random weights, synthetic tokenizer). For ReLU\n"
+            "models the FFN gate is built so that about --fire of the neurons fire per token, with the\n"
+            "hottest neurons taking most firings (--hot); ReLU² (bamboo) uses the same gate and relu(up)\n"
+            "zeroes about half of those. Generation streams tensor by tensor (bounded memory).\n"
             "  -o, --output PATH     output file (required)\n"
             "  --preset NAME         tiny (default) | small | 7b; the flags below override it\n"
             "  --dim N --layers N --heads N --kv-heads N --ff N --vocab N --ctx N\n"
             "  --type T              weight type for every 2-D tensor: f32 f16 q8_0 q4_0 (default q4_0)\n"
             "  --type-embd T --type-attn T --type-ffn T --type-output T   per group (norms stay f32)\n"
-            "  --act relu|silu       FFN activation (default relu)\n"
+            "  --arch llama|bamboo   general.architecture and metadata key prefix (default llama)\n"
+            "  --act relu|relu2|silu FFN activation: relu2 = relu(gate)*relu(up). Default relu for llama;\n"
+            "                        for bamboo relu2, implied by the architecture (pi2.ffn_activation\n"
+            "                        is written only when --act is given)\n"
             "  --seed N              PRNG seed (default 1); the output depends only on it and the flags\n"
-            "  --fire F              ReLU: mean fraction of FFN neurons firing per token (default 0.10)\n"
+            "  --fire F              ReLU: mean fraction of FFN neurons firing per token (default 0.10;\n"
+            "                        relu2: of gates firing, about half of them are non-zero)\n"
             "  --hot A:B             ReLU: the hottest fraction A of neurons take share B of firings\n"
             "                        (default 0.20:0.80)\n"
             "  --rope-base F         RoPE frequency base (default 10000)\n"
             "  --tied                no output.weight: the output reuses token_embd\n"
             "  --pwri                PowerInfer file: magic PWRI, ffn_down_t instead of ffn_down and a\n"
-            "                        low-rank predictor blk.N.fc1/fc2 (ReLU only)\n"
+            "                        low-rank predictor blk.N.fc1/fc2 of relu(gate) (relu or relu2)\n"
             "  --measure N           afterwards run N tokens through the reference engine and print the\n"
             "                        realized firing statistics per layer\n"
             "  -t, --threads N       generation/measurement threads (default 2)\n"
@@ -101,7 +113,7 @@ static bool parse_type(const char *s, uint32_t *out) {
 static int parse_args(options *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     preset(o, "tiny");
-    o->sp.relu = true;
+    o->arch = "llama";
     o->sp.seed = 1;
     o->sp.fire = 0.10, o->sp.hot_frac = 0.20, o->sp.hot_share = 0.80;
     for (int g = 0; g < T_GROUPS; g++) o->type[g] = GGML_TYPE_Q4_0;
@@ -146,9 +158,14 @@ static int parse_args(options *o, int argc, char **argv) {
             ok = parse_double(v, &f) && f > 0;
             o->rope_base = (float)f;
         }
-        else if (!strcmp(a, "--act")) {
-            ok = !strcmp(v, "relu") || !strcmp(v, "silu");
-            p->relu = !strcmp(v, "relu");
+        else if (!strcmp(a, "--arch")) {
+            ok = !strcmp(v, "llama") || !strcmp(v, "bamboo");
+            o->arch = ok && !strcmp(v, "bamboo") ? "bamboo" : "llama";
+        } else if (!strcmp(a, "--act")) {
+            ok = false;
+            for (int k = ACT_SILU; k <= ACT_RELU2; k++)
+                if (!strcmp(v, act_names[k])) o->act = (act_choice)k, ok = true;
+            o->act_given = ok;
         } else if (!strcmp(a, "--hot")) {
             char *end;
             p->hot_frac = strtod(v, &end);
@@ -164,7 +181,11 @@ static int parse_args(options *o, int argc, char **argv) {
     for (int g = 0; g < T_GROUPS; g++)
         if (type_all && !type_group[g]) o->type[g] = type_all_v;
     if (!o->out) return log_error("no output file: -o OUT.gguf (see -h)"), -1;
-    if (o->pwri && !o->sp.relu) return log_error("--pwri needs --act relu (the predictor predicts ReLU firing)"), -1;
+    if (o->act == ACT_DEFAULT) o->act = !strcmp(o->arch, "bamboo") ? ACT_RELU2 : ACT_RELU;
+    o->sp.relu = o->act != ACT_SILU;
+    o->sp.relu_up = o->act == ACT_RELU2;
+    if (o->pwri && !o->sp.relu)
+        return log_error("--pwri needs --act relu or relu2 (the predictor predicts relu(gate) firing)"), -1;
     return 0;
 }
 
@@ -241,23 +262,29 @@ static uint32_t llama_file_type(const options *o) {
 static void write_metadata(gguf_writer *w, const options *o, const synth_model *sm, const synth_vocab *v) {
     const synth_params *p = &o->sp;
     char name[96];
-    snprintf(name, sizeof name, "mkmodel %s %s seed %llu", o->preset ? o->preset : "custom", p->relu ? "relu" : "silu",
+    snprintf(name, sizeof name, "mkmodel %s%s%s %s seed %llu", strcmp(o->arch, "llama") ? o->arch : "",
+             strcmp(o->arch, "llama") ? " " : "", o->preset ? o->preset : "custom", act_names[o->act],
              (unsigned long long)p->seed);
-    gguf_w_str(w, "general.architecture", "llama");
+    gguf_w_str(w, "general.architecture", o->arch);
     gguf_w_str(w, "general.name", name);
     gguf_w_u32(w, "general.alignment", GGUF_DEFAULT_ALIGNMENT);
     if (llama_file_type(o) != UINT32_MAX) gguf_w_u32(w, "general.file_type", llama_file_type(o));
-    gguf_w_u32(w, "llama.context_length", (uint32_t)o->n_ctx);
-    gguf_w_u32(w, "llama.embedding_length", (uint32_t)p->n_embd);
-    gguf_w_u32(w, "llama.block_count", (uint32_t)p->n_layer);
-    gguf_w_u32(w, "llama.feed_forward_length", (uint32_t)p->n_ff);
-    gguf_w_u32(w, "llama.attention.head_count", (uint32_t)p->n_head);
-    gguf_w_u32(w, "llama.attention.head_count_kv", (uint32_t)p->n_head_kv);
-    gguf_w_u32(w, "llama.rope.dimension_count", (uint32_t)(p->n_embd / p->n_head));
-    gguf_w_f32(w, "llama.rope.freq_base", o->rope_base);
-    gguf_w_f32(w, "llama.attention.layer_norm_rms_epsilon", o->rms_eps);
-    gguf_w_u32(w, "llama.vocab_size", (uint32_t)p->n_vocab);
-    gguf_w_str(w, "pi2.ffn_activation", p->relu ? "relu" : "silu");
+    /* hyperparameters under "<arch>.", as model_load reads them */
+#define ARCH_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, o->arch), key)
+    char key[96];
+    gguf_w_u32(w, ARCH_KEY("context_length"), (uint32_t)o->n_ctx);
+    gguf_w_u32(w, ARCH_KEY("embedding_length"), (uint32_t)p->n_embd);
+    gguf_w_u32(w, ARCH_KEY("block_count"), (uint32_t)p->n_layer);
+    gguf_w_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)p->n_ff);
+    gguf_w_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)p->n_head);
+    gguf_w_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv);
+    gguf_w_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t)(p->n_embd / p->n_head));
+    gguf_w_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base);
+    gguf_w_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), o->rms_eps);
+    gguf_w_u32(w, ARCH_KEY("vocab_size"), (uint32_t)p->n_vocab);
+#undef ARCH_KEY
+    /* bamboo implies relu2 (model_load's default): leave the key out unless asked, so that default is used */
+    if (strcmp(o->arch, "bamboo") || o->act_given) gguf_w_str(w, "pi2.ffn_activation", act_names[o->act]);
     gguf_w_u64(w, "pi2.mkmodel.seed", p->seed);
     if (p->relu) {
         gguf_w_f32(w, "pi2.mkmodel.fire", (float)p->fire);
@@ -434,6 +461,9 @@ int main(int argc, char **argv) {
                  "gate quantization error %.2g",
                  o.sp.fire, o.sp.hot_frac, synth_expected_hot_share(sm), synth_lognormal_sigma(sm), synth_rank(sm),
                  o.sp.gate_quant_err);
+    if (o.sp.relu_up)
+        log_info("relu2: the targets are for relu(gate); relu(up) zeroes about half of those neurons, so expect "
+                 "about %.3f non-zero per token", o.sp.fire / 2);
     int rc = write_model(&o, sm, &v);
     synth_vocab_free(&v);
     if (rc == 0 && o.measure > 0) {
