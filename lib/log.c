@@ -31,3 +31,10 @@ void log_msg(enum log_level lvl, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "%s\n", line); /* one write per line keeps lines from interleaving */
 }
+
+void err_set(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}

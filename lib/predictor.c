@@ -1,5 +1,6 @@
 /* Run-time side of the activation predictors: loading (PWRI fc1/fc2 or a
  * lowrank side file, validated against the model) and prediction. */
+#include "log.h"
 #include "predictor.h"
 
 #include <math.h>
@@ -26,14 +27,6 @@ struct predictor {
     float *logits;          /* [n_ff] */
     act_vec conv;           /* conversion buffers for max(n_embd, max_rank) */
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void predictor_free(predictor *p) {
     if (!p) return;
@@ -74,19 +67,19 @@ static int alloc_scratch(predictor *p) {
 static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
     for (int l = 0; l < m->n_layer; l++)
         if (!m->layers[l].fc1.data || !m->layers[l].fc2.data) {
-            set_err(err, errlen, "the model has no PowerInfer predictor (blk.%d.fc1/fc2); build one with pi2-predictor build",
+            err_set(err, errlen, "the model has no PowerInfer predictor (blk.%d.fc1/fc2); build one with pi2-predictor build",
                     l);
             return NULL;
         }
     predictor *p = alloc_predictor(m, PREDICTOR_POWERINFER);
-    if (!p) { set_err(err, errlen, "out of memory"); return NULL; }
+    if (!p) { err_set(err, errlen, "out of memory"); return NULL; }
     for (int l = 0; l < m->n_layer; l++) {
         p->a[l] = m->layers[l].fc1;
         p->b[l] = m->layers[l].fc2;
         p->threshold[l] = m->sparse_threshold;
         if (p->a[l].rows > p->max_rank) p->max_rank = (int)p->a[l].rows;
     }
-    if (alloc_scratch(p)) { set_err(err, errlen, "out of memory"); predictor_free(p); return NULL; }
+    if (alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
     return p;
 }
 
@@ -98,14 +91,14 @@ static bool get_u32_eq(const gguf_file *g, const char *key, uint64_t want, uint6
 static int side_weight(const gguf_file *g, const char *path, const char *name, int64_t rows, int64_t cols, weight *w,
                        char *err, size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t) { set_err(err, errlen, "%s: missing tensor '%s'", path, name); return -1; }
+    if (!t) { err_set(err, errlen, "%s: missing tensor '%s'", path, name); return -1; }
     if (t->n_dims != 2 || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows) {
-        set_err(err, errlen, "%s: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", path, name,
+        err_set(err, errlen, "%s: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", path, name,
                 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols, (long long)rows);
         return -1;
     }
     if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_Q8_0) {
-        set_err(err, errlen, "%s: tensor '%s' has type %s (expected f32, f16 or q8_0)", path, name, ggml_type_name(t->type));
+        err_set(err, errlen, "%s: tensor '%s' has type %s (expected f32, f16 or q8_0)", path, name, ggml_type_name(t->type));
         return -1;
     }
     *w = (weight){t->data, t->type, rows, cols, ggml_row_bytes(t->type, (uint64_t)cols)};
@@ -117,13 +110,13 @@ static int side_floats(const gguf_file *g, const char *path, const char *key, in
     uint64_t len;
     const void *data;
     if (!gguf_get_arr(g, key, GGUF_FLOAT32, &len, &data) || len != (uint64_t)n) {
-        set_err(err, errlen, "%s: '%s' must be an f32 array of %d (one per layer)", path, key, n);
+        err_set(err, errlen, "%s: '%s' must be an f32 array of %d (one per layer)", path, key, n);
         return -1;
     }
     memcpy(out, data, sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (!isfinite(out[i])) {
-            set_err(err, errlen, "%s: '%s'[%d] is not finite", path, key, i);
+            err_set(err, errlen, "%s: '%s'[%d] is not finite", path, key, i);
             return -1;
         }
     return 0;
@@ -139,14 +132,14 @@ static int check_identity(const model *m, const gguf_file *g, const char *path, 
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (!get_u32_eq(g, dims[i].key, dims[i].want, &v)) {
-            set_err(err, errlen, "%s: predictor built for a model with %s %llu, this model has %llu", path, dims[i].what,
+            err_set(err, errlen, "%s: predictor built for a model with %s %llu, this model has %llu", path, dims[i].what,
                     (unsigned long long)v, (unsigned long long)dims[i].want);
             return -1;
         }
     uint64_t size = 0, fp = 0, want_fp = model_fingerprint(m);
     if (!gguf_get_uint(g, PRED_KEY_MODEL_SIZE, &size) || !gguf_get_uint(g, PRED_KEY_FINGERPRINT, &fp) ||
         size != (uint64_t)m->gguf.size || fp != want_fp) {
-        set_err(err, errlen,
+        err_set(err, errlen,
                 "%s: predictor built for another model file (size %llu, fingerprint %016llx); this model: size %llu, "
                 "fingerprint %016llx. Rebuild it with pi2-predictor build",
                 path, (unsigned long long)size, (unsigned long long)fp, (unsigned long long)m->gguf.size,
@@ -158,24 +151,24 @@ static int check_identity(const model *m, const gguf_file *g, const char *path, 
 
 static predictor *load_lowrank(const model *m, const char *path, char *err, size_t errlen) {
     predictor *p = alloc_predictor(m, PREDICTOR_LOWRANK);
-    if (!p) { set_err(err, errlen, "out of memory"); return NULL; }
+    if (!p) { err_set(err, errlen, "out of memory"); return NULL; }
     if (gguf_open(&p->side, path, err, errlen)) goto fail;
     p->has_side = true;
     const gguf_file *g = &p->side;
     gguf_str s;
     if (!gguf_get_str(g, PRED_KEY_KIND, &s) || !gguf_str_eq(s, "lowrank")) {
-        set_err(err, errlen, "%s: not a pi2 predictor ('%s' is not \"lowrank\")", path, PRED_KEY_KIND);
+        err_set(err, errlen, "%s: not a pi2 predictor ('%s' is not \"lowrank\")", path, PRED_KEY_KIND);
         goto fail;
     }
     if (!gguf_get_str(g, PRED_KEY_INPUT, &s) || !gguf_str_eq(s, "ffn_norm_out")) {
-        set_err(err, errlen, "%s: '%s' must be \"ffn_norm_out\"", path, PRED_KEY_INPUT);
+        err_set(err, errlen, "%s: '%s' must be \"ffn_norm_out\"", path, PRED_KEY_INPUT);
         goto fail;
     }
     if (check_identity(m, g, path, err, errlen)) goto fail;
     uint64_t rank;
     int limit = m->n_embd < m->n_ff ? m->n_embd : m->n_ff;
     if (!gguf_get_uint(g, PRED_KEY_RANK, &rank) || rank < 1 || rank > (uint64_t)limit) {
-        set_err(err, errlen, "%s: '%s' missing or outside [1, %d]", path, PRED_KEY_RANK, limit);
+        err_set(err, errlen, "%s: '%s' missing or outside [1, %d]", path, PRED_KEY_RANK, limit);
         goto fail;
     }
     p->max_rank = (int)rank;
@@ -189,7 +182,7 @@ static predictor *load_lowrank(const model *m, const char *path, char *err, size
         snprintf(name, sizeof name, "blk.%d.pred_b.weight", l);
         if (side_weight(g, path, name, m->n_ff, p->max_rank, &p->b[l], err, errlen)) goto fail;
     }
-    if (alloc_scratch(p)) { set_err(err, errlen, "out of memory"); goto fail; }
+    if (alloc_scratch(p)) { err_set(err, errlen, "out of memory"); goto fail; }
     return p;
 fail:
     predictor_free(p);

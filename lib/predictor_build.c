@@ -20,14 +20,6 @@
 /* Calibration keeps at most this many (gate, logit) samples per layer. */
 #define CALIB_SAMPLES_PER_LAYER (1 << 19)
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -55,7 +47,7 @@ typedef struct {
 static int write_side(const side_data *d, const char *path, char *err, size_t errlen) {
     const model *m = d->m;
     gguf_writer *w = gguf_writer_new("GGUF", GGUF_DEFAULT_ALIGNMENT);
-    if (!w) { set_err(err, errlen, "out of memory"); return -1; }
+    if (!w) { err_set(err, errlen, "out of memory"); return -1; }
     gguf_w_str(w, "general.architecture", "pi2-predictor");
     gguf_w_str(w, PRED_KEY_KIND, "lowrank");
     gguf_w_u32(w, PRED_KEY_RANK, (uint32_t)d->rank);
@@ -80,7 +72,7 @@ static int write_side(const side_data *d, const char *path, char *err, size_t er
     }
     FILE *fp = fopen(path, "wb");
     if (!fp) {
-        set_err(err, errlen, "cannot create %s", path);
+        err_set(err, errlen, "cannot create %s", path);
         gguf_writer_free(w);
         return -1;
     }
@@ -92,11 +84,11 @@ static int write_side(const side_data *d, const char *path, char *err, size_t er
     gguf_w_finish(w);
     int rc = 0;
     if (gguf_writer_error(w)) {
-        set_err(err, errlen, "%s: %s", path, gguf_writer_error(w));
+        err_set(err, errlen, "%s: %s", path, gguf_writer_error(w));
         rc = -1;
     }
     if (fclose(fp) && !rc) {
-        set_err(err, errlen, "%s: write failed", path);
+        err_set(err, errlen, "%s: write failed", path);
         rc = -1;
     }
     gguf_writer_free(w);
@@ -210,17 +202,17 @@ static int calibrate(side_data *d, const predictor_build_opts *o, char *err, siz
     c.keep_below = share >= 1 ? UINT64_MAX : (uint64_t)(share * 18446744073709551615.0);
     int rc = -1;
     if (!c.logits || !c.s || !c.n || !c.cap) {
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         goto done;
     }
     int tokens = predictor_run_prompts(m, &o->calib, calib_observer, &c, err, errlen);
     if (tokens < 0) goto done;
-    if (c.failed) { set_err(err, errlen, "out of memory collecting calibration samples"); goto done; }
-    if (tokens == 0) { set_err(err, errlen, "no calibration tokens (empty prompts?)"); goto done; }
+    if (c.failed) { err_set(err, errlen, "out of memory collecting calibration samples"); goto done; }
+    if (tokens == 0) { err_set(err, errlen, "no calibration tokens (empty prompts?)"); goto done; }
     d->calib_tokens = tokens;
     for (int l = 0; l < m->n_layer; l++) {
         if (layer_thresholds(m, c.s[l], c.n[l], o->target_recall, o->silu_keep, &d->gate_cut[l], &d->threshold[l])) {
-            set_err(err, errlen, "out of memory");
+            err_set(err, errlen, "out of memory");
             goto done;
         }
         log_info("layer %d: threshold %.4g (truth: gate > %.3g), %zu samples", l, d->threshold[l], d->gate_cut[l],
@@ -238,23 +230,23 @@ done:
 static int check_opts(const model *m, const predictor_build_opts *o, int rank, char *err, size_t errlen) {
     int limit = m->n_embd < m->n_ff ? m->n_embd : m->n_ff;
     if (rank < 1 || rank > limit) {
-        set_err(err, errlen, "rank %d outside [1, %d] (min of n_embd and n_ff)", rank, limit);
+        err_set(err, errlen, "rank %d outside [1, %d] (min of n_embd and n_ff)", rank, limit);
         return -1;
     }
     if (o->weight_type != GGML_TYPE_F32 && o->weight_type != GGML_TYPE_F16 && o->weight_type != GGML_TYPE_Q8_0) {
-        set_err(err, errlen, "predictor weights must be f32, f16 or q8_0");
+        err_set(err, errlen, "predictor weights must be f32, f16 or q8_0");
         return -1;
     }
     if (o->weight_type == GGML_TYPE_Q8_0 && (rank % QK8_0 || m->n_embd % QK8_0)) {
-        set_err(err, errlen, "q8_0 predictor weights need rank and n_embd multiples of 32 (rank %d)", rank);
+        err_set(err, errlen, "q8_0 predictor weights need rank and n_embd multiples of 32 (rank %d)", rank);
         return -1;
     }
     if (!(o->target_recall > 0 && o->target_recall <= 1) || !(o->silu_keep > 0 && o->silu_keep < 1)) {
-        set_err(err, errlen, "target recall must be in (0, 1] and the SiLU keep fraction in (0, 1)");
+        err_set(err, errlen, "target recall must be in (0, 1] and the SiLU keep fraction in (0, 1)");
         return -1;
     }
     if (o->calib.n_tokens < 1) {
-        set_err(err, errlen, "need at least one calibration token");
+        err_set(err, errlen, "need at least one calibration token");
         return -1;
     }
     return 0;
@@ -294,7 +286,7 @@ int predictor_build(const model *m, const predictor_build_opts *o, char *err, si
     rc = 0;
     goto done;
 oom:
-    set_err(err, errlen, "out of memory (the factorization holds one dequantized gate matrix)");
+    err_set(err, errlen, "out of memory (the factorization holds one dequantized gate matrix)");
 done:
     if (rc && written) remove(o->out_path);
     for (int l = 0; d.a && l < m->n_layer; l++) free(d.a[l]);
