@@ -5,6 +5,7 @@
  * after a fault it is simply re-sent from layer 0 in a new epoch, once the
  * lost workers are back. Answers of older steps and epochs carry other
  * sequence numbers and are ignored (workers.c). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "coord.h"
@@ -81,12 +82,23 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
     long group = m->n_head / m->n_head_kv;
     worker *w = &c->cpu[i];
     bool chunked = mode != FFN_DENSE || !m->layers[0].down.data;
-    long n0, n1, unused;
-    ffn_chunk_range(m, (int)ws.chunk_begin, &n0, &unused);
-    ffn_chunk_range(m, (int)ws.chunk_end - 1, &unused, &n1);
-    uint32_t range[2] = {(uint32_t)n0, (uint32_t)(n1 - n0)};
+    /* the worker's chunks as (first neuron, count) ranges of one cluster */
+    int32_t *own = malloc(sizeof(int32_t) * (size_t)ffn_chunk_count(m));
+    uint32_t *ranges = malloc(sizeof(uint32_t) * 2 * (size_t)ffn_chunk_count(m));
+    if (!own || !ranges) {
+        free(own); free(ranges);
+        log_error("out of memory");
+        return -1;
+    }
+    int n_own = work_share_chunks(&ws, m, own);
+    for (int k = 0; k < n_own; k++) {
+        long n0, n1;
+        ffn_chunk_range(m, own[k], &n0, &n1);
+        ranges[2 * k] = (uint32_t)n0, ranges[2 * k + 1] = (uint32_t)(n1 - n0);
+    }
     Pi2__NeuronCluster cluster = PI2__NEURON_CLUSTER__INIT, *clusters[1] = {&cluster};
-    cluster.n_ranges = 2, cluster.ranges = range;
+    cluster.n_ranges = 2 * (size_t)n_own, cluster.ranges = ranges;
+    int status = 0;
     for (int l = 0; l < c->step.n_tasks; l++) {
         bool output = l == m->n_layer;
         Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
@@ -104,7 +116,7 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         if (!output) {
             t.ffn_mode = (Pi2__FfnMode)(mode + 1);
             cluster.layer = (uint32_t)l;
-            if (chunked && ws.chunk_begin < ws.chunk_end) t.n_clusters = 1, t.clusters = clusters;
+            if (chunked && n_own) t.n_clusters = 1, t.clusters = clusters;
         }
         Pi2__Envelope env;
         msg_envelope_init(&env, 0, c->session);
@@ -114,11 +126,14 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         if (rc != BUS_OK) {
             worker_lost(w, bus_status_str(rc));
             if (rc == BUS_ENOPEER) w->registered = false; /* not connected: only a new Register brings it back */
-            return -1;
+            status = -1;
+            break;
         }
         if (l == 0) c->step.first_seq[i] = env.seq;
     }
-    return 0;
+    free(own);
+    free(ranges);
+    return status;
 }
 
 /* Before (re-)sending: lost workers back, and a fresh epoch if anything failed since the last one. */

@@ -36,9 +36,8 @@ struct decoder {
     ffn_scratch *scratch;         /* [n_threads] */
     ffn_chunk_stats *chunk_stats; /* [n_threads] */
     int n_threads;
-    weight *down_t;               /* [n_layer]: neurons [dt_first, dt_end), or NULL */
-    void **down_t_built;          /* [n_layer] */
-    long dt_first, dt_end;
+    weight *down_t;               /* [n_layer][n_chunks]: built rows of own chunks (rows 0 elsewhere), or NULL */
+    int n_chunks;
     predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
     float *pred_hidden;
     act_vec pred_conv;
@@ -190,9 +189,9 @@ static void step_ffn_chunks(decoder *d, const decode_step *s) {
     const layer_weights *w = &m->layers[l];
     rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
-    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, NULL, d->dt_first, d->pred, &d->pred_conv},
+    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv},
                     s->chunks, s->n_chunks, 0};
-    j.f.down_t = d->down_t ? &d->down_t[l] : &w->down_t;
+    if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR) predictor_prepare(d->pred, l, d->x_mid, d->xb, d->pred_hidden, &d->pred_conv);
     pool_run(d->pool, chunks_worker, &j);
 }
@@ -227,10 +226,8 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
     if (!decoder_ffn_chunked(d, mode)) return true;
     if (mode == FFN_GATE_FIRST && d->m->act == FFN_SILU) return false;
     if (mode == FFN_PREDICTOR && !d->pred) return false;
-    long n0, n1;
-    ffn_chunk_range(d->m, chunk, &n0, &n1);
     if (d->m->layers[0].down_t.data) return true;
-    return d->down_t && n0 >= d->dt_first && n1 <= d->dt_end;
+    return d->down_t && d->down_t[chunk].data; /* built here (for every layer alike) */
 }
 
 int decoder_run(decoder *d, const decode_step *s) {
@@ -262,27 +259,29 @@ static void *alloc_zero(size_t n, size_t size, int *failed) {
 
 /* The neuron-major down rows of this worker's chunks, when the file has no
  * ffn_down_t and the stack runs a sparse mode: each worker transposes only its
- * own neurons (memory and time split over the workers). */
+ * own chunks (memory and time split over the workers). */
 static int build_down_t(decoder *d) {
     const model *m = d->m;
-    long n0, n1, unused;
-    ffn_chunk_range(m, (int)d->share.chunk_begin, &n0, &unused);
-    ffn_chunk_range(m, (int)d->share.chunk_end - 1, &unused, &n1);
-    int bad = 0;
-    d->down_t = alloc_zero((size_t)m->n_layer, sizeof *d->down_t, &bad);
-    d->down_t_built = alloc_zero((size_t)m->n_layer, sizeof *d->down_t_built, &bad);
+    int32_t *own = calloc((size_t)d->n_chunks, sizeof *own), bad = !own;
+    int n_own = own ? work_share_chunks(&d->share, m, own) : 0;
+    d->down_t = alloc_zero((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
     uint64_t t0 = worker_now_us(), bytes = 0;
-    for (int l = 0; l < m->n_layer && !bad; l++) {
-        if (ffn_down_t_for(&m->layers[l], n0, n1, &d->down_t[l], &d->dt_first, &d->down_t_built[l])) bad = 1;
-        else bytes += (uint64_t)d->down_t[l].rows * d->down_t[l].row_bytes;
-    }
+    for (int l = 0; l < m->n_layer && !bad; l++)
+        for (int k = 0; k < n_own && !bad; k++) {
+            long n0, n1, first;
+            void *built;
+            weight *dt = &d->down_t[(size_t)l * d->n_chunks + (size_t)own[k]];
+            ffn_chunk_range(m, own[k], &n0, &n1);
+            if (ffn_down_t_for(&m->layers[l], n0, n1, dt, &first, &built)) bad = 1;
+            else bytes += (uint64_t)dt->rows * dt->row_bytes;
+        }
+    free(own);
     if (bad) {
-        log_error("out of memory building the neuron-major down rows of neurons [%ld, %ld)", n0, n1);
+        log_error("out of memory building the neuron-major down rows of this worker's chunks");
         return -1;
     }
-    d->dt_end = n1;
-    log_info("built neuron-major down rows of neurons [%ld, %ld): %.1f MB in %.2f s", n0, n1, bytes / 1e6,
-             (worker_now_us() - t0) / 1e6);
+    log_info("built neuron-major down rows of %d of %d chunks (every %d-th from %d): %.1f MB in %.2f s", n_own,
+             d->n_chunks, d->share.chunk_step, d->share.chunk_first, bytes / 1e6, (worker_now_us() - t0) / 1e6);
     return 0;
 }
 
@@ -290,9 +289,8 @@ static int sparse_setup(decoder *d) {
     const model *m = d->m;
     const stack_ctl *ctl = d->sv->ctl;
     ffn_mode mode = (ffn_mode)ctl->params.ffn_mode;
-    if (mode != FFN_DENSE && !m->layers[0].down_t.data && d->share.chunk_begin < d->share.chunk_end &&
-        build_down_t(d))
-        return -1;
+    d->n_chunks = ffn_chunk_count(m);
+    if (mode != FFN_DENSE && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];
     d->pred = predictor_load(m, ctl->predictor_path[0] ? ctl->predictor_path : NULL, err, sizeof err);
@@ -365,9 +363,9 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
 
 void decoder_free(decoder *d) {
     if (!d) return;
-    if (d->down_t_built)
-        for (int l = 0; l < d->m->n_layer; l++) free(d->down_t_built[l]);
-    free(d->down_t_built); free(d->down_t);
+    if (d->down_t)
+        for (size_t i = 0; i < (size_t)d->m->n_layer * (size_t)d->n_chunks; i++) free((void *)d->down_t[i].data);
+    free(d->down_t);
     predictor_free(d->pred);
     free(d->pred_hidden); free(d->pred_conv.f16); free(d->pred_conv.q8);
     if (d->scratch)

@@ -164,9 +164,10 @@ void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s
     if (counts)
         for (int k = 0; k < fired; k++) counts[n0 + s->idx[k]]++;
     memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
-    const weight *dt = f->down_t;
+    const weight *dt = f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
+    const long dt_row = f->down_t_chunks ? 0 : n0 - f->down_t_first;
     sparse_kernels_for_type(f->axpy, dt->type)
-        ->axpy(rows_from(dt, n0 - f->down_t_first), dt->row_bytes, s->idx, s->a, fired, partial, m->n_embd);
+        ->axpy(rows_from(dt, dt_row), dt->row_bytes, s->idx, s->a, fired, partial, m->n_embd);
     st->fired += (uint64_t)fired;
     st->bytes += (uint64_t)fired * dt->row_bytes;
 }

@@ -57,6 +57,9 @@ typedef struct {
      * worker may hold only its own neurons' rows */
     const weight *down_t;
     long down_t_first;
+    /* or, when not NULL, one weight per chunk ([ffn_chunk_count]): chunk c's
+     * row 0 is its first neuron (a worker holding only its own chunks' rows) */
+    const weight *down_t_chunks;
     const predictor *pred;        /* FFN_PREDICTOR */
     const act_vec *pred_hidden;   /* FFN_PREDICTOR: predictor_prepare's output for this layer */
 } ffn_layer;
