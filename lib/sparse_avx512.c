@@ -13,7 +13,13 @@
 #include "sparse_kernels.h"
 #include "sparse_rows.h"
 
-#define GATHER_AHEAD_ROWS 2 /* 4.5 KiB ahead for a 4096-wide Q4_0 row: less measured slower, more no faster */
+/* 9 KiB ahead for a 4096-wide Q4_0 row (dot2: 2 neurons). Against 2 rows, in
+ * interleaved runs of tools/sparse-bench -t q4_0, dot2 read 11.1-15.8 GB/s
+ * vs 11.1-14.2 with the weights on 4 KiB shm pages (faster in every round,
+ * by 2-10%) and 15.5-17.8 vs 15.2-16.7 on huge pages; 6 rows was no faster
+ * on huge pages and slower on 4 KiB ones, and touching a row's pages
+ * earlier (a prefetch of its first and last line 6-10 rows ahead) slower. */
+#define GATHER_AHEAD_ROWS 4
 #define AXPY_ROWS 8         /* rows applied per pass over y (4 and 16 measured slower) */
 
 /* Called as the bytes [off, off+step) of the m rows of an axpy group are
