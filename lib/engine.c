@@ -1,8 +1,8 @@
 /* Reference forward pass of the llama architecture, one token at a time,
- * split over a thread pool. The arithmetic lives in ops.c (shared with the
- * stack's workers); this file owns the buffers and the order of the steps. */
+ * split over a thread pool. The arithmetic lives in ops.c and ffn_chunks.c
+ * (shared with the stack's workers); this file owns the buffers and the order
+ * of the steps. llama.cpp's prompt batch is in engine_prefill.c. */
 #include "engine.h"
-#include "engine_impl.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,6 +16,7 @@
 #include "sparse_kernels.h"
 #include "threadpool.h"
 
+#include "engine_impl.h"
 
 void *engine_xcalloc(size_t n, size_t size, int *failed) {
     void *p = calloc(n ? n : 1, size);
