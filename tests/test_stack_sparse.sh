@@ -122,6 +122,8 @@ run_case() {
         check "$name/$variant: pi2 up (auto mode)" $?
         [ "$(stack_mode "$R")" = "$auto" ]
         check "$name/$variant: cachemgr says the stack's mode is $auto (got '$(stack_mode "$R")')" $?
+        "$PI2" status -r "$R" | grep -q "^ffn $auto"
+        check "$name/$variant: pi2 status shows the stack's mode $auto" $?
         ok=0
         for w in $(cpu_workers "$TMP/$variant.conf"); do
             if ((builds)); then [ "$(built_rows "$R" $w)" -ge 1 ] || ok=1; else [ "$(built_rows "$R" $w)" -eq 0 ] || ok=1; fi
