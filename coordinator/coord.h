@@ -78,6 +78,10 @@ typedef struct {
     tokenizer *tok;
     stack_params params;      /* as the control block had them when we attached */
     msg_limits lim;
+    /* each cpu-worker's FFN chunks (work_share) as (first neuron, count) pairs: a chunked
+     * FFN's DecodeTask cluster, made once at attach */
+    uint32_t *chunk_ranges[STACK_MAX_CPU_WORKERS];
+    int n_chunk_ranges[STACK_MAX_CPU_WORKERS];
     /* the bus */
     bus_ctx *bus;
     bus_socket *workers_sock, *client_sock;

@@ -4,6 +4,31 @@
 #include "coord.h"
 #include "log.h"
 
+#include <stdlib.h>
+
+/* c->chunk_ranges: what a chunked FFN's DecodeTasks name for each worker. */
+static int chunk_ranges_make(coord *c) {
+    const model *m = &c->sv.m;
+    const int n_chunks = ffn_chunk_count(m);
+    int32_t *own = malloc(sizeof(int32_t) * (size_t)n_chunks);
+    for (int i = 0; own && i < c->params.n_cpu_workers; i++) {
+        work_share ws;
+        work_share_compute(&ws, m, i, c->params.n_cpu_workers);
+        int n_own = work_share_chunks(&ws, m, own);
+        if (!(c->chunk_ranges[i] = malloc(sizeof(uint32_t) * 2 * (size_t)(n_own + 1)))) break;
+        for (int k = 0; k < n_own; k++) {
+            long n0, n1;
+            ffn_chunk_range(m, own[k], &n0, &n1);
+            c->chunk_ranges[i][2 * k] = (uint32_t)n0, c->chunk_ranges[i][2 * k + 1] = (uint32_t)(n1 - n0);
+        }
+        c->n_chunk_ranges[i] = 2 * n_own;
+    }
+    bool ok = own && (c->params.n_cpu_workers == 0 || c->chunk_ranges[c->params.n_cpu_workers - 1]);
+    free(own);
+    if (!ok) log_error("out of memory");
+    return ok ? 0 : -1;
+}
+
 int coord_attach(coord *c) {
     stack_view_spec spec = {.model_path = c->opt.model_path, .runid = c->opt.runid,
                             .wait_ms = c->opt.startup_wait_ms, .early_row = "coordinator", .stop = c->stop};
@@ -17,10 +42,14 @@ int coord_attach(coord *c) {
         log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(c->tok), c->sv.m.n_vocab);
     c->params = c->sv.ctl->params;
     stack_msg_limits(&c->sv, &c->lim);
-    return 0;
+    return chunk_ranges_make(c);
 }
 
 void coord_detach(coord *c) {
+    for (int i = 0; i < STACK_MAX_CPU_WORKERS; i++) {
+        free(c->chunk_ranges[i]);
+        c->chunk_ranges[i] = NULL;
+    }
     tokenizer_free(c->tok);
     c->tok = NULL;
     stack_view_close(&c->sv);

@@ -5,7 +5,6 @@
  * after a fault it is simply re-sent from layer 0 in a new epoch, once the
  * lost workers are back. Answers of older steps and epochs carry other
  * sequence numbers and are ignored (workers.c). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "coord.h"
@@ -73,7 +72,7 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
 }
 
 /* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost).
- * A chunked FFN gives each worker its work_share's chunks, as one range. */
+ * A chunked FFN names the worker's chunks (c->chunk_ranges). */
 static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
     const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
@@ -81,24 +80,9 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
     work_share_compute(&ws, m, i, c->params.n_cpu_workers);
     long group = m->n_head / m->n_head_kv;
     worker *w = &c->cpu[i];
-    bool chunked = mode != FFN_DENSE || !m->layers[0].down.data;
-    /* the worker's chunks as (first neuron, count) ranges of one cluster */
-    int32_t *own = malloc(sizeof(int32_t) * (size_t)ffn_chunk_count(m));
-    uint32_t *ranges = malloc(sizeof(uint32_t) * 2 * (size_t)ffn_chunk_count(m));
-    if (!own || !ranges) {
-        free(own); free(ranges);
-        log_error("out of memory");
-        return -1;
-    }
-    int n_own = work_share_chunks(&ws, m, own);
-    for (int k = 0; k < n_own; k++) {
-        long n0, n1;
-        ffn_chunk_range(m, own[k], &n0, &n1);
-        ranges[2 * k] = (uint32_t)n0, ranges[2 * k + 1] = (uint32_t)(n1 - n0);
-    }
+    bool chunked = ffn_mode_chunked(m, mode);
     Pi2__NeuronCluster cluster = PI2__NEURON_CLUSTER__INIT, *clusters[1] = {&cluster};
-    cluster.n_ranges = 2 * (size_t)n_own, cluster.ranges = ranges;
-    int status = 0;
+    cluster.n_ranges = (size_t)c->n_chunk_ranges[i], cluster.ranges = c->chunk_ranges[i];
     for (int l = 0; l < c->step.n_tasks; l++) {
         bool output = l == m->n_layer;
         Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
@@ -116,7 +100,7 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         if (!output) {
             t.ffn_mode = (Pi2__FfnMode)(mode + 1);
             cluster.layer = (uint32_t)l;
-            if (chunked && n_own) t.n_clusters = 1, t.clusters = clusters;
+            if (chunked && cluster.n_ranges) t.n_clusters = 1, t.clusters = clusters;
         }
         Pi2__Envelope env;
         msg_envelope_init(&env, 0, c->session);
@@ -126,14 +110,11 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         if (rc != BUS_OK) {
             worker_lost(w, bus_status_str(rc));
             if (rc == BUS_ENOPEER) w->registered = false; /* not connected: only a new Register brings it back */
-            status = -1;
-            break;
+            return -1;
         }
         if (l == 0) c->step.first_seq[i] = env.seq;
     }
-    free(own);
-    free(ranges);
-    return status;
+    return 0;
 }
 
 /* Before (re-)sending: lost workers back, and a fresh epoch if anything failed since the last one. */

@@ -34,7 +34,6 @@ struct decoder {
     float *partials;              /* act region: [n_chunks][n_embd] */
     const sparse_kernels *gather, *axpy;
     ffn_scratch *scratch;         /* [n_threads] */
-    ffn_chunk_stats *chunk_stats; /* [n_threads] */
     int n_threads;
     weight *down_t;               /* [n_layer][n_chunks]: built rows of own chunks (rows 0 elsewhere), or NULL */
     int n_chunks;
@@ -115,7 +114,7 @@ static void chunks_worker(void *ctx, int ith, int nth) {
     (void)nth;
     chunks_job *j = ctx;
     decoder *d = j->d;
-    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, d->partials, &d->scratch[ith], &d->chunk_stats[ith], NULL);
+    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, d->partials, &d->scratch[ith], NULL, NULL);
 }
 
 /* ---- the steps ---- */
@@ -220,7 +219,7 @@ static void step_output(decoder *d) {
              (row_span){0});
 }
 
-bool decoder_ffn_chunked(const decoder *d, ffn_mode mode) { return mode != FFN_DENSE || !d->m->layers[0].down.data; }
+bool decoder_ffn_chunked(const decoder *d, ffn_mode mode) { return ffn_mode_chunked(d->m, mode); }
 
 bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
     if (!decoder_ffn_chunked(d, mode)) return true;
@@ -347,7 +346,6 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->axpy = sparse_kernels_best();
     d->n_threads = d->pool ? pool_size(d->pool) : 0;
     d->scratch = alloc_zero((size_t)d->n_threads, sizeof *d->scratch, &bad);
-    d->chunk_stats = alloc_zero((size_t)d->n_threads, sizeof *d->chunk_stats, &bad);
     for (int t = 0; t < d->n_threads && d->scratch; t++) bad |= ffn_scratch_init(&d->scratch[t], m) != 0;
     if (bad) {
         log_error("out of memory allocating the decoder's scratch");
@@ -370,7 +368,7 @@ void decoder_free(decoder *d) {
     free(d->pred_hidden); free(d->pred_conv.f16); free(d->pred_conv.q8);
     if (d->scratch)
         for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);
-    free(d->scratch); free(d->chunk_stats);
+    free(d->scratch);
     pool_free(d->pool);
     free(d->xb); free(d->q); free(d->kv_k); free(d->kv_v); free(d->proj); free(d->q16);
     free(d->scores); free(d->probs16); free(d->in.f16); free(d->in.q8);

@@ -296,7 +296,7 @@ void engine_ffn_block(engine *e, int l, int pos) {
         pool_run(e->pool, matvec_worker, &gj);
         e->observer(e->observer_ctx, l, e->x, e->xb, e->gate_pre);
     }
-    if (e->ffn_mode != FFN_DENSE || !w->down.data) {
+    if (ffn_mode_chunked(m, e->ffn_mode)) {
         ffn_chunked(e, l);
         return;
     }

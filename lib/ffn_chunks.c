@@ -17,6 +17,8 @@ const char *ffn_mode_name(ffn_mode mode) {
     }
 }
 
+bool ffn_mode_chunked(const model *m, ffn_mode mode) { return mode != FFN_DENSE || !m->layers[0].down.data; }
+
 int ffn_mode_parse(const char *s, ffn_mode *mode) {
     const ffn_mode all[] = {FFN_DENSE, FFN_GATE_FIRST, FFN_PREDICTOR};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -145,8 +147,9 @@ static int select_neurons(const ffn_layer *f, long n0, long n1, ffn_scratch *s, 
     return n;
 }
 
-void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s, ffn_chunk_stats *st,
+void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s, ffn_chunk_stats *stats,
                    uint32_t *counts) {
+    ffn_chunk_stats local = {0}, *st = stats ? stats : &local;
     const model *m = f->m;
     const layer_weights *w = &m->layers[f->layer];
     long n0, n1;

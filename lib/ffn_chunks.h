@@ -25,6 +25,7 @@
 #define PI2_FFN_CHUNKS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -37,6 +38,9 @@ typedef enum { FFN_DENSE, FFN_GATE_FIRST, FFN_PREDICTOR } ffn_mode;
 typedef struct predictor predictor;
 
 const char *ffn_mode_name(ffn_mode mode); /* "dense", "gate-first", "predictor" */
+/* Whether mode runs by chunks on m: every mode but a dense FFN over an
+ * ffn_down matrix (a PWRI file has only ffn_down_t, so even dense is chunked). */
+bool ffn_mode_chunked(const model *m, ffn_mode mode);
 int ffn_mode_parse(const char *s, ffn_mode *mode); /* 0, or -1 for an unknown name */
 
 int ffn_chunk_neurons(const model *m);
@@ -79,8 +83,8 @@ typedef struct {
     uint64_t bytes;    /* weight bytes read (gate, up, down_t rows and predictor rows) */
 } ffn_chunk_stats;
 
-/* Computes chunk c into partial[0..n_embd); adds to *st; counts[i]++ (indexed
- * by neuron, may be NULL) for every firing neuron. */
+/* Computes chunk c into partial[0..n_embd); adds to *st (may be NULL);
+ * counts[i]++ (indexed by neuron, may be NULL) for every firing neuron. */
 void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s, ffn_chunk_stats *st,
                    uint32_t *counts);
 
