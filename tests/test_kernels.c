@@ -9,21 +9,8 @@
 
 #include "f16.h"
 #include "kernels.h"
+#include "rng.h"
 #include "test.h"
-
-static uint64_t rng_state = 0x853c49e6748fea9bull;
-static uint32_t rng_u32(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-static float rng_uniform(void) { return (float)(rng_u32() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
-/* values spread over several orders of magnitude, like real activations */
-static float rng_value(void) { return rng_uniform() * ldexpf(1.0f, (int)(rng_u32() % 8) - 4); }
-static void fill_random(float *x, int n) {
-    for (int i = 0; i < n; i++) x[i] = rng_value();
-}
 
 static uint16_t block_d(const void *block) { /* the f16 scale at the start of a block */
     uint16_t h;
@@ -111,7 +98,7 @@ static void test_quantize_roundtrip(void) {
     static float x[N], y[N];
     static block_q4_0 q4[N / 32];
     static block_q8_0 q8[N / 32];
-    fill_random(x, N);
+    rng_fill(x, N);
     quantize_row(GGML_TYPE_Q4_0, x, q4, N);
     dequantize_row(GGML_TYPE_Q4_0, q4, y, N);
     int bad = 0;
@@ -144,6 +131,20 @@ static void test_quantize_roundtrip(void) {
  * n * FLT_EPSILON * sum|products| of the exact value (integer block sums are exact) */
 static double dot_tolerance(double abs_sum, int terms) { return 2.0 * (terms + 2) * FLT_EPSILON * abs_sum + 1e-30; }
 
+static double abs_products_sum(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += fabs((double)a[i] * b[i]);
+    return s;
+}
+
+/* got, a kernel's dot of rows whose values are wd and xd, is within the
+ * rounding bound of the double-precision dot */
+static void check_dot_vs_double(const char *name, float got, const float *wd, const float *xd, int n) {
+    double exact = 0;
+    for (int i = 0; i < n; i++) exact += (double)wd[i] * xd[i];
+    CHECK(fabs(got - exact) <= dot_tolerance(abs_products_sum(wd, xd, n), n), "%s %g vs double %g", name, got, exact);
+}
+
 static void test_reference_dots_vs_double(void) {
     const kernels *k = kernels_scalar();
     enum { N = 32 * 129 };
@@ -151,39 +152,26 @@ static void test_reference_dots_vs_double(void) {
     static block_q4_0 w4[N / 32];
     static block_q8_0 w8[N / 32], x8[N / 32];
     static uint16_t w16[N], x16[N];
-    fill_random(w, N);
-    fill_random(x, N);
+    rng_fill(w, N);
+    rng_fill(x, N);
     quantize_row(GGML_TYPE_Q8_0, x, x8, N);
-    dequantize_row(GGML_TYPE_Q8_0, x8, xd, N);
 
-    double exact = 0, abs_sum = 0;
-    for (int i = 0; i < N; i++) exact += (double)w[i] * x[i], abs_sum += fabs((double)w[i] * x[i]);
-    float got = k->dot_f32(w, x, N);
-    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_f32 %g vs double %g", got, exact);
+    check_dot_vs_double("dot_f32", k->dot_f32(w, x, N), w, x, N);
 
     quantize_row(GGML_TYPE_F16, w, w16, N);
     quantize_row(GGML_TYPE_F16, x, x16, N);
     dequantize_row(GGML_TYPE_F16, w16, wd, N);
     dequantize_row(GGML_TYPE_F16, x16, xd, N);
-    exact = abs_sum = 0;
-    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
-    got = k->dot_f16(w16, x16, N);
-    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_f16 %g vs double %g", got, exact);
+    check_dot_vs_double("dot_f16", k->dot_f16(w16, x16, N), wd, xd, N);
 
     dequantize_row(GGML_TYPE_Q8_0, x8, xd, N);
     quantize_row(GGML_TYPE_Q8_0, w, w8, N);
     dequantize_row(GGML_TYPE_Q8_0, w8, wd, N);
-    exact = abs_sum = 0;
-    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
-    got = k->dot_q8_0(w8, x8, N);
-    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_q8_0 %g vs double %g", got, exact);
+    check_dot_vs_double("dot_q8_0", k->dot_q8_0(w8, x8, N), wd, xd, N);
 
     quantize_row(GGML_TYPE_Q4_0, w, w4, N);
     dequantize_row(GGML_TYPE_Q4_0, w4, wd, N);
-    exact = abs_sum = 0;
-    for (int i = 0; i < N; i++) exact += (double)wd[i] * xd[i], abs_sum += fabs((double)wd[i] * xd[i]);
-    got = k->dot_q4_0(w4, x8, N);
-    CHECK(fabs(got - exact) <= dot_tolerance(abs_sum, N), "dot_q4_0 %g vs double %g", got, exact);
+    check_dot_vs_double("dot_q4_0", k->dot_q4_0(w4, x8, N), wd, xd, N);
 }
 
 /* ---- SIMD kernel sets against the reference ---- */
@@ -196,12 +184,9 @@ static const int block_counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 127, 128, 129, 300, 3
 /* Integer sums inside a block are exact, but SIMD code may scale partial
  * sums (lanes) before adding them up, so the float error is bounded by the
  * element-wise sum of |w_i * x_i| over about nb + 16 additions. */
-static double q_abs_sum(const float *wd, const float *xd, int n) {
-    double s = 0;
-    for (int i = 0; i < n; i++) s += fabs((double)wd[i] * xd[i]);
-    return s;
+static double q_tolerance(const float *wd, const float *xd, int n) {
+    return dot_tolerance(abs_products_sum(wd, xd, n), n / 32 + 16);
 }
-static double q_tolerance(const float *wd, const float *xd, int n) { return dot_tolerance(q_abs_sum(wd, xd, n), n / 32 + 16); }
 
 static void test_float_kernels(const kernels *k) {
     const kernels *ref = kernels_scalar();
@@ -209,10 +194,9 @@ static void test_float_kernels(const kernels *k) {
     static uint16_t w16[MAX_N], x16[MAX_N], h_ref[MAX_N], h_simd[MAX_N];
     for (int li = 0; li < COUNT(float_lengths); li++) {
         const int n = float_lengths[li];
-        fill_random(w, n);
-        fill_random(x, n);
-        double abs_sum = 0;
-        for (int i = 0; i < n; i++) abs_sum += fabs((double)w[i] * x[i]);
+        rng_fill(w, n);
+        rng_fill(x, n);
+        double abs_sum = abs_products_sum(w, x, n);
         float a = ref->dot_f32(w, x, n), b = k->dot_f32(w, x, n);
         CHECK(fabs(a - b) <= dot_tolerance(abs_sum, n), "%s dot_f32 n=%d: %.9g vs %.9g", k->name, n, b, a);
 
@@ -246,8 +230,8 @@ static void test_float_kernels(const kernels *k) {
         CHECK(memcmp(h_ref, h_simd, sizeof(uint16_t) * (size_t)(n + 1)) == 0,
               "%s f32_to_f16_row n=%d differs from f32_to_f16 (or wrote past n)", k->name, n);
 
-        fill_random(w, n);
-        fill_random(y_ref, n + 1);
+        rng_fill(w, n);
+        rng_fill(y_ref, n + 1);
         memcpy(y_simd, y_ref, sizeof(float) * (size_t)(n + 1));
         ref->axpy_f32(y_ref, 0.37f, w, n);
         k->axpy_f32(y_simd, 0.37f, w, n);
@@ -263,8 +247,8 @@ static void test_quantized_kernels(const kernels *k) {
     static block_q8_0 w8[MAX_N / 32], x8_ref[MAX_N / 32 + 1], x8_simd[MAX_N / 32 + 1];
     for (int bi = 0; bi < COUNT(block_counts); bi++) {
         const int n = block_counts[bi] * 32;
-        fill_random(w, n);
-        fill_random(x, n);
+        rng_fill(w, n);
+        rng_fill(x, n);
         if (bi % 3 == 0) /* exact .5 ties: amax 127 makes d = 1 */
             for (int i = 0; i < n; i++) x[i] = i % 32 == 0 ? 127.0f : (float)(int)(rng_uniform() * 120) + 0.5f;
         if (bi % 3 == 1) memset(x, 0, sizeof(float) * 32); /* an all-zero block */
@@ -309,10 +293,10 @@ static void test_gemv(const kernels *k) {
             }
             memset(w, 0xee, stride * (size_t)nrows);
             for (int r = 0; r < nrows; r++) {
-                fill_random(row, n);
+                rng_fill(row, n);
                 quantize_row_q4_0_ref(row, (block_q4_0 *)(w + (size_t)r * stride), n);
             }
-            fill_random(row, n);
+            rng_fill(row, n);
             quantize_row_q8_0_ref(row, x8, n);
             y[nrows] = 12345.0f;
             k->gemv_q4_0((const block_q4_0 *)w, stride, x8, y, nrows, n);
@@ -344,7 +328,7 @@ static void test_gemv(const kernels *k) {
 static void test_activation_kernels(const kernels *k) {
     enum { N = 77 };
     float x[N], y[N], g[N], u[N], h[N];
-    fill_random(u, N);
+    rng_fill(u, N);
     for (int i = 0; i < N; i++) x[i] = 20.0f * sinf(1.7f * (float)i), g[i] = 12.0f * cosf(0.9f * (float)i);
     x[5] = -INFINITY;
     float max = -INFINITY;
@@ -373,7 +357,7 @@ static void test_activation_kernels(const kernels *k) {
 static void test_silu_mul_split(const kernels *k) {
     enum { N = 83 };
     float g[N], u[N], whole[N], part[N];
-    fill_random(u, N);
+    rng_fill(u, N);
     for (int i = 0; i < N; i++) g[i] = 9.0f * sinf(0.37f * (float)i + 0.1f);
     k->silu_mul(whole, g, u, N);
     int bad = 0;
@@ -387,6 +371,7 @@ static void test_silu_mul_split(const kernels *k) {
 }
 
 int main(void) {
+    rng_seed(0x853c49e6748fea9bull);
     /* the override is read once, at the first kernels_best() call */
     setenv("PI2_KERNELS", "scalar", 1);
     CHECK(strcmp(kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar gave %s", kernels_best()->name);

@@ -17,21 +17,11 @@
 
 #include "f16.h"
 #include "kernels.h"
+#include "rng.h"
 #include "sparse_kernels.h"
 #include "test.h"
 
 #define UNIT_ROUNDOFF 0x1p-24 /* float's unit roundoff */
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rng_u32(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-static float rng_uniform(void) { return (float)(rng_u32() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
-/* values spread over several orders of magnitude, like real weights and activations */
-static float rng_value(void) { return rng_uniform() * ldexpf(1.0f, (int)(rng_u32() % 8) - 4); }
 
 /* A matrix of `rows` rows in an allocation that ends exactly where its last row ends. */
 typedef struct {
@@ -53,7 +43,7 @@ static matrix make_matrix(uint32_t type, int n, int rows, size_t pad) {
     memset(m.alloc, 0xff, lead + (size_t)(rows - 1) * m.stride + m.row_bytes); /* NaN in any padding */
     float *src = malloc((size_t)(n ? n : 1) * sizeof *src), *back = malloc((size_t)(n ? n : 1) * sizeof *back);
     for (int r = 0; r < rows; r++) {
-        for (int i = 0; i < n; i++) src[i] = rng_value();
+        rng_fill(src, n);
         void *row = m.alloc + lead + (size_t)r * m.stride;
         quantize_row(type, src, row, n);
         dequantize_row(type, row, back, n);
@@ -80,7 +70,7 @@ typedef struct {
 static activation make_activation(uint32_t type, int n) {
     activation a = {malloc((size_t)(n ? n : 1) * sizeof(float)), malloc((size_t)(n ? n : 1) * sizeof(double))};
     float *x = malloc((size_t)(n ? n : 1) * sizeof *x), *back = malloc((size_t)(n ? n : 1) * sizeof *back);
-    for (int i = 0; i < n; i++) x[i] = rng_value();
+    rng_fill(x, n);
     if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
         kernels_scalar()->quantize_q8_0(x, a.conv, n);
         dequantize_row(GGML_TYPE_Q8_0, a.conv, back, n);
@@ -146,16 +136,18 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
     float *ref = malloc(((size_t)count + 1) * sizeof *ref);
     sparse_kernels_for_type(sparse_kernels_scalar(), a->type)->dot(a->base, a->stride, idx, count, x->conv, n, ref);
 
-    /* the scalar reference against double arithmetic */
+    /* the scalar reference against double arithmetic; magnitude[k]: sum |w x| of row idx[k] */
+    double *magnitude = malloc(((size_t)count + 1) * sizeof *magnitude);
     int bad_scalar = 0;
     for (int k = 0; k < count; k++) {
-        double exact = 0, magnitude = 0;
+        double exact = 0;
+        magnitude[k] = 0;
         for (int i = 0; i < n; i++) {
             const double t = a->dequant[(size_t)idx[k] * (size_t)n + (size_t)i] * x->values[i];
             exact += t;
-            magnitude += fabs(t);
+            magnitude[k] += fabs(t);
         }
-        bad_scalar += !(fabs(ref[k] - exact) <= (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+        bad_scalar += !(fabs(ref[k] - exact) <= (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude[k] + 1e-30);
     }
     CHECK(bad_scalar == 0, "%s: %d scalar gather dots off the double reference", what, bad_scalar);
 
@@ -174,11 +166,8 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
             not_fused += out_a[k] != out[k] ||
                          out_b[k] != dense_dot(dense, b->type, row_ptr(b, idx[k]), x->conv, n);
             /* both sums are within (terms + 2) u sum|w x| of the exact value */
-            double magnitude = 0;
-            for (int i = 0; i < n; i++)
-                magnitude += fabs(a->dequant[(size_t)idx[k] * (size_t)n + (size_t)i] * x->values[i]);
             off_scalar += !(fabs((double)out[k] - ref[k]) <=
-                            2 * (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+                            2 * (dot_terms(a->type, n) + 2) * UNIT_ROUNDOFF * magnitude[k] + 1e-30);
         }
         CHECK(not_dense == 0, "%s %s: %d of %d gather dots differ from the dense dot", what, sets[s]->name,
               not_dense, count);
@@ -190,14 +179,15 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
         free(out_a);
         free(out_b);
     }
+    free(magnitude);
     free(ref);
 }
 
 static void check_axpy(const matrix *m, const int32_t *idx, int count, const char *what) {
     const int n = m->n;
     float *coef = malloc(((size_t)count + 1) * sizeof *coef), *y0 = malloc(((size_t)n + 1) * sizeof *y0);
-    for (int k = 0; k < count; k++) coef[k] = rng_value();
-    for (int i = 0; i < n; i++) y0[i] = rng_value();
+    rng_fill(coef, count);
+    rng_fill(y0, n);
     float *ref = malloc(((size_t)n + 1) * sizeof *ref);
     memcpy(ref, y0, (size_t)n * sizeof *ref);
     sparse_kernels_for_type(sparse_kernels_scalar(), m->type)->axpy(m->base, m->stride, idx, coef, count, ref, n);
@@ -273,6 +263,7 @@ static void test_dispatch(void) {
 }
 
 int main(void) {
+    rng_seed(0x2545f4914f6cdd1dull);
     setenv("PI2_KERNELS", "scalar", 1); /* before any kernel table is chosen */
     test_dispatch();
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cli.h"
 #include "log.h"
 #include "msg.h"
 
@@ -242,11 +243,7 @@ int main(int argc, char **argv) {
         switch (c) {
         case 'e': endpoint = optarg; break;
         case 'n':
-            rounds = strtol(optarg, &end, 10);
-            if (*optarg == 0 || *end || rounds < 1 || rounds > 100000) {
-                log_error("-n: '%s' is not an integer in [1, 100000]", optarg);
-                return 2;
-            }
+            if (cli_parse_long(optarg, "-n", 1, 100000, &rounds)) return 2;
             break;
         case 's':
             rng_state = strtoull(optarg, &end, 10);

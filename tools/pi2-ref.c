@@ -185,6 +185,24 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     return 0;
 }
 
+/* Loads the predictor (if the mode needs one) and sets the engine up; 0, or -1 after logging why. */
+static int setup_engine(const options *o, const model *m, engine *e, predictor **pred) {
+    char err[512];
+    if (o->llama_compat && engine_set_llama_compat(e, true, err, sizeof err)) {
+        log_error("--llama-compat: %s", err);
+        return -1;
+    }
+    if (o->ffn == FFN_PREDICTOR && !(*pred = predictor_load(m, o->predictor_path, err, sizeof err))) {
+        log_error("%s", err);
+        return -1;
+    }
+    if (engine_set_ffn_mode(e, o->ffn, *pred, err, sizeof err)) {
+        log_error("%s: %s", o->model_path, err);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
@@ -196,33 +214,21 @@ int main(int argc, char **argv) {
                              : model_load(&m, o.model_path, err, sizeof err);
     if (load_failed) { log_error("%s", err); return 1; }
     if (o.load) log_info("read %s into memory in %.2f s", o.model_path, now_s() - t_load);
+    int rc = 1;
+    engine *e = NULL;
+    predictor *pred = NULL;
     tokenizer *tok = tokenizer_from_gguf(&m.gguf, err, sizeof err);
-    if (!tok) { log_error("%s: %s", o.model_path, err); model_free(&m); return 1; }
+    if (!tok) { log_error("%s: %s", o.model_path, err); goto out; }
     if (tokenizer_n_vocab(tok) != m.n_vocab) log_warn("tokenizer has %d tokens, the model %d", tokenizer_n_vocab(tok), m.n_vocab);
     const kernels *k = o.llama_compat ? kernels_by_name("avx512-exact") : kernels_best();
-    if (!k) { log_error("--llama-compat needs AVX-512 (the avx512-exact kernels)"); tokenizer_free(tok); model_free(&m); return 1; }
-    engine *e = engine_new_with_kernels(&m, k, o.n_threads, o.n_ctx, err, sizeof err);
-    if (!e) { log_error("%s", err); tokenizer_free(tok); model_free(&m); return 1; }
-    if (o.llama_compat && engine_set_llama_compat(e, true, err, sizeof err)) {
-        log_error("--llama-compat: %s", err);
-        engine_free(e); tokenizer_free(tok); model_free(&m);
-        return 1;
-    }
-    predictor *pred = NULL;
-    if (o.ffn == FFN_PREDICTOR && !(pred = predictor_load(&m, o.predictor_path, err, sizeof err))) {
-        log_error("%s", err);
-        engine_free(e); tokenizer_free(tok); model_free(&m);
-        return 1;
-    }
-    if (engine_set_ffn_mode(e, o.ffn, pred, err, sizeof err)) {
-        log_error("%s: %s", o.model_path, err);
-        predictor_free(pred); engine_free(e); tokenizer_free(tok); model_free(&m);
-        return 1;
-    }
+    if (!k) { log_error("--llama-compat needs AVX-512 (the avx512-exact kernels)"); goto out; }
+    if (!(e = engine_new_with_kernels(&m, k, o.n_threads, o.n_ctx, err, sizeof err))) { log_error("%s", err); goto out; }
+    if (setup_engine(&o, &m, e, &pred)) goto out;
     log_info("%s: %s, %d layers, dim %d, ffn %d (%s, %s), vocab %d, ctx %d, %d threads", o.model_path, m.arch,
              m.n_layer, m.n_embd, m.n_ff, ffn_act_name(m.act), ffn_mode_name(o.ffn),
              m.n_vocab, engine_n_ctx(e), o.n_threads);
-    int rc = generate(&o, &m, tok, e, pred) ? 1 : 0;
+    rc = generate(&o, &m, tok, e, pred) ? 1 : 0;
+out:
     engine_free(e);
     predictor_free(pred);
     tokenizer_free(tok);

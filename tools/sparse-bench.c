@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "f16.h"
+#include "cli.h"
 #include "kernels.h"
 #include "log.h"
 #include "sparse_kernels.h"
@@ -198,16 +199,6 @@ static void usage(FILE *out, const char *prog) {
             prog);
 }
 
-static long parse_positive(const char *s, const char *what) {
-    char *end;
-    const long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v <= 0 || v > (1L << 30)) {
-        log_error("%s must be a positive integer, got '%s'", what, s);
-        exit(2);
-    }
-    return v;
-}
-
 #define HUGE_PAGE ((size_t)2 << 20)
 
 /* maps `bytes` of weights as `place` says; NULL (logged) on failure */
@@ -286,7 +277,8 @@ static int bench_init(bench *b, uint32_t type, int n_embd, int n_ff, double frac
     b->y = calloc((size_t)n_embd, sizeof *b->y);
     b->out_a = malloc((size_t)n_ff * sizeof *b->out_a);
     b->out_b = malloc((size_t)n_ff * sizeof *b->out_b);
-    if (!b->weights || !b->sets || !b->x32 || !b->xconv || !b->coef || !b->y || !b->out_a || !b->out_b) {
+    b->x16 = malloc((size_t)n_embd * sizeof *b->x16);
+    if (!b->weights || !b->sets || !b->x32 || !b->xconv || !b->coef || !b->y || !b->out_a || !b->out_b || !b->x16) {
         log_error("out of memory for %d layers of %zu MiB", b->layers, b->layer_bytes >> 20);
         return -1;
     }
@@ -296,8 +288,6 @@ static int bench_init(bench *b, uint32_t type, int n_embd, int n_ff, double frac
     for (int k = 0; k < b->active; k++) b->coef[k] = rng_float() * 0.01f;
     quantize_row(type == GGML_TYPE_F16 ? GGML_TYPE_F16 : GGML_TYPE_Q8_0, b->x32, b->xconv, n_embd);
     /* the read-ceiling stream dots F16 rows with an F16 x of the same length */
-    b->x16 = malloc((size_t)n_embd * sizeof *b->x16);
-    if (!b->x16) return -1;
     quantize_row(GGML_TYPE_F16, b->x32, b->x16, n_embd);
     return 0;
 }
@@ -324,10 +314,10 @@ int main(int argc, char **argv) {
     int opt;
     while ((opt = getopt(argc, argv, "e:f:p:m:s:t:uP:i:h")) != -1) {
         switch (opt) {
-        case 'e': n_embd = (int)parse_positive(optarg, "-e"); break;
-        case 'f': n_ff = (int)parse_positive(optarg, "-f"); break;
+        case 'e': if (cli_parse_int(optarg, "-e", 1, 1 << 30, &n_embd)) return 2; break;
+        case 'f': if (cli_parse_int(optarg, "-f", 1, 1 << 30, &n_ff)) return 2; break;
         case 'p': fraction = atof(optarg); break;
-        case 'm': mib = parse_positive(optarg, "-m"); break;
+        case 'm': if (cli_parse_long(optarg, "-m", 1, 1L << 30, &mib)) return 2; break;
         case 's': min_seconds = atof(optarg); break;
         case 't': only = optarg; break;
         case 'u': sorted = 0; break;
@@ -352,8 +342,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const uint32_t types[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16};
-    if (only && ggml_type_from_name(only) != GGML_TYPE_F16 && ggml_type_from_name(only) != GGML_TYPE_Q8_0 &&
-        ggml_type_from_name(only) != GGML_TYPE_Q4_0) {
+    const int only_type = only ? ggml_type_from_name(only) : -1;
+    if (only && only_type != GGML_TYPE_F16 && only_type != GGML_TYPE_Q8_0 && only_type != GGML_TYPE_Q4_0) {
         log_error("-t %s: expected f16, q8_0 or q4_0", only);
         return 2;
     }
@@ -377,7 +367,7 @@ int main(int argc, char **argv) {
     printf("n_embd %d, n_ff %d, %.0f%% active (%s), 1 thread, weights in %s memory\n", n_embd, n_ff,
            fraction * 100, sorted ? "ascending" : "random order", placement_names[place]);
     for (int t = 0; t < 3; t++) {
-        if (only && ggml_type_from_name(only) != (int)types[t]) continue;
+        if (only && only_type != (int)types[t]) continue;
         bench b;
         if (bench_init(&b, types[t], n_embd, n_ff, fraction, mib, sorted, place) != 0) return 1;
         const long huge = huge_kib(b.weights);
