@@ -232,7 +232,11 @@ void predictor_prepare(const predictor *p, int layer, const float *residual, con
     }
     if (p->kind == PREDICTOR_POWERINFER)
         for (int64_t r = 0; r < a->rows; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
-    convert_for(p, &p->b[layer], hidden, conv);
+    const weight *b = &p->b[layer];
+    if (b->type == GGML_TYPE_F16)
+        conv->f32 = hidden; /* predictor_rows' F16 gemv reads the F32 vector: nothing to convert */
+    else
+        convert_for(p, b, hidden, conv);
 }
 
 void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits) {

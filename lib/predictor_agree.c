@@ -7,16 +7,10 @@
 #include "engine.h"
 #include "log.h"
 #include "predictor_agree.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 #define MAX_PROMPT 512
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 static void compare_logits(const float *ld, const float *ls, int n_vocab, predictor_agreement *a) {
     int td = argmax(ld, n_vocab), ts = argmax(ls, n_vocab), beaten_by = 0;

@@ -9,6 +9,7 @@
 #include "engine.h"
 #include "log.h"
 #include "predictor.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 /* Disjoint sets: thresholds are calibrated on one and measured on the other. */
@@ -39,13 +40,6 @@ const char *const predictor_eval_prompts[] = {
     "After the game, the players thanked the fans and walked slowly back to the bus.",
 };
 const int predictor_n_eval_prompts = sizeof predictor_eval_prompts / sizeof predictor_eval_prompts[0];
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 int predictor_run_prompts(const model *m, const predictor_run_opts *o, ffn_observer fn, void *ctx, char *err,
                           size_t errlen) {
