@@ -63,6 +63,10 @@ static void gemm(prefiller *p, int n_tok, int n, const weight *w0, float *o0, in
     pool_run(p->pool, gemm_worker, &j);
 }
 
+static void gemm_one(prefiller *p, int n_tok, const weight *w, float *out, int stride) {
+    gemm(p, n_tok, 1, w, out, stride, NULL, NULL, 0, NULL, NULL, 0);
+}
+
 typedef enum {
     TOK_ATTN_IN,    /* rmsnorm + convert for Q/K/V */
     TOK_ROPE_STORE, /* RoPE, KV store, Q to F16 */
@@ -187,12 +191,12 @@ static void layer_pass(prefiller *p, int l, int n, int first) {
     token_job j = {p, TOK_ROPE_STORE, l, n, first};
     pool_run(p->pool, attention_worker, &j);
     per_token(p, TOK_WO_IN, l, n, first);
-    gemm(p, n, 1, &w->wo, p->proj, ne, NULL, NULL, 0, NULL, NULL, 0);
+    gemm_one(p, n, &w->wo, p->proj, ne);
     per_token(p, TOK_ATTN_ADD, l, n, first);
     per_token(p, TOK_FFN_IN, l, n, first);
     pool_run(p->pool, ffn_worker, &j);
     per_token(p, TOK_DOWN_IN, l, n, first);
-    gemm(p, n, 1, &w->down, p->proj, ne, NULL, NULL, 0, NULL, NULL, 0);
+    gemm_one(p, n, &w->down, p->proj, ne);
     per_token(p, TOK_FFN_ADD, l, n, first);
 }
 
@@ -206,7 +210,7 @@ static void finish(prefiller *p, int n) {
     rmsnorm(p->xb, last, m->output_norm, ne, m->rms_eps);
     const weight *ws[1] = {&m->output};
     act_convert_for(p->k, &p->in[0], p->xb, ne, ws, 1);
-    gemm(p, 1, 1, &m->output, stack_act_f32(sv, sv->layout.logits), m->n_vocab, NULL, NULL, 0, NULL, NULL, 0);
+    gemm_one(p, 1, &m->output, stack_act_f32(sv, sv->layout.logits), m->n_vocab);
 }
 
 int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,

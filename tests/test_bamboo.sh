@@ -9,23 +9,14 @@
 #   - a bamboo PWRI file runs in the stack in predictor mode and `pi2 run`
 #     prints pi2-ref's predictor text byte for byte; nothing is left behind.
 set -u
-BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.." || exit 1
-BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
-PI2=$BIN/pi2
-REF=$BIN/pi2-ref
-MK=$BIN/mkmodel
-INFO=$BIN/gguf-info
 RUN_BASE="tbb$$"
 # shellcheck source=tests/sh/stack_common.sh
 . tests/sh/stack_common.sh
+MK=$BIN/mkmodel
+INFO=$BIN/gguf-info
 
-for p in pi2 pi2-ref mkmodel gguf-info cachemgr io-worker coordinator npu-worker cpu-worker pi2-client; do
-    if [ ! -x "$BIN/$p" ]; then
-        check "$BIN/$p exists (build first)" 1
-        exit 1
-    fi
-done
+require_programs pi2 pi2-ref mkmodel gguf-info cachemgr io-worker coordinator npu-worker cpu-worker pi2-client
 
 PROMPT="Once upon"
 # Texts may hold any byte (random models, byte tokens): compared as files.

@@ -6,24 +6,15 @@
 # removes the stack by itself; garbage frames on every socket are survived;
 # config errors are refused naming the line; nothing is left behind.
 set -u
-BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.." || exit 1
 SHARED=${PI2_SHARED:-../shared}
 ORACLE=$SHARED/oracle
-BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
-PI2=$BIN/pi2
-REF=$BIN/pi2-ref
-GARBAGE=$BIN/pi2-garbage
 RUN_BASE="ts$$"
 # shellcheck source=tests/sh/stack_common.sh
 . tests/sh/stack_common.sh
+GARBAGE=$BIN/pi2-garbage
 
-for p in pi2 pi2-ref pi2-garbage cachemgr io-worker coordinator npu-worker cpu-worker pi2-ctl pi2-client; do
-    if [ ! -x "$BIN/$p" ]; then
-        check "$BIN/$p exists (build first)" 1
-        exit 1
-    fi
-done
+require_programs pi2 pi2-ref pi2-garbage cachemgr io-worker coordinator npu-worker cpu-worker pi2-ctl pi2-client
 if [ ! -d "$ORACLE" ]; then
     check "oracle folder $ORACLE exists (PI2_SHARED)" 1
     exit 1
@@ -190,7 +181,7 @@ check "pi2 up passed PI2_TASK_DELAY_US to the workers ($FAULT_N tokens took $und
 # generation starts, so its request is certainly in flight when it dies (the
 # npu-worker's prefill of a short prompt lasts only milliseconds).
 kill_mid() {
-    local proc=$1 delay=$2 victim rc back=1
+    local proc=$1 delay=$2 victim rc
     victim=$(cat "$RD/$proc.pid")
     [ "${3:-}" = stopped ] && kill -STOP "$victim"
     gen "$R" "$LONG_PROMPT" $FAULT_N --temp 0 >"$TMP/out" &
@@ -203,13 +194,8 @@ kill_mid() {
     rc=$?
     check "$proc killed: the client succeeds" $rc
     same "$proc killed mid-generation: output unchanged" "$want" "$(cat "$TMP/out")" "$R"
-    for _ in $(seq 50); do
-        local now
-        now=$(cat "$RD/$proc.pid" 2>/dev/null)
-        if [ -n "$now" ] && [ "$now" != "$victim" ] && kill -0 "$now" 2>/dev/null; then back=0; break; fi
-        sleep 0.1
-    done
-    check "$proc killed: the supervisor restarted it" $back
+    restarted "$RD" "$proc" "$victim"
+    check "$proc killed: the supervisor restarted it" $?
 }
 kill_mid cpu-worker.1 1.0
 kill_mid npu-worker 0.5 stopped

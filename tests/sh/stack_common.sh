@@ -1,7 +1,15 @@
-# Sourced by the stack tests (tests/test_stack*.sh): run bookkeeping, checks,
-# and the teardown that leaves no process, segment or run directory behind.
-# The caller sets PI2 (the pi2 script) and RUN_BASE (a prefix unique to it).
-# Defines check, new_run, no_leftovers, dump_logs, up, and the configs below.
+# shellcheck shell=bash
+# Sourced by the stack tests (tests/test_stack*.sh, tests/test_bamboo.sh) from
+# the repository root: run bookkeeping, checks, and the teardown that leaves no
+# process, segment or run directory behind. The caller sets RUN_BASE (a prefix
+# unique to it). Sets BIN ($BUILD/bin, absolute), PI2 and REF; defines check,
+# require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
+# configs below.
+BUILD=${BUILD:-build}
+BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
+PI2=$BIN/pi2
+# shellcheck disable=SC2034 # used by the sourcing tests
+REF=$BIN/pi2-ref
 TMP=$(mktemp -d)
 RUNS=()
 pass=0 fail=0
@@ -9,6 +17,16 @@ finished=0
 
 check() { # check NAME STATUS
     if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
+}
+
+require_programs() { # require_programs NAME...: each is built in $BIN, else the suite stops
+    local p
+    for p in "$@"; do
+        if [ ! -x "$BIN/$p" ]; then
+            check "$BIN/$p exists (build first)" 1
+            exit 1
+        fi
+    done
 }
 
 new_run() { # new_run VAR: a run id unique to this test process
@@ -35,6 +53,18 @@ dump_logs() {
         echo "---- $f (last 15 lines)"
         tail -n 15 "$f"
     done
+}
+
+# restarted RD PROC OLD_PID: within 5 s the supervisor's pid file for PROC in
+# run directory RD names a live process other than OLD_PID
+restarted() {
+    local now
+    for _ in $(seq 50); do
+        now=$(cat "$1/$2.pid" 2>/dev/null)
+        if [ -n "$now" ] && [ "$now" != "$3" ] && kill -0 "$now" 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    return 1
 }
 
 finish() {
