@@ -117,17 +117,22 @@ void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const
     attention_heads_batch(k, NULL, 1, m, kv, q16, pos, scores, probs16, out, h0, h1);
 }
 
-#define FFN_CHUNK 64 /* neurons whose gate and up dots are buffered for one silu_mul */
+#define FFN_CHUNK 64 /* neurons whose gate and up dots are buffered for one activation call */
 
-void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
-                  long i0, long i1, uint32_t *counts) {
+static void silu_mul_rows(const kernels *k, float *h, const float *g, const float *u, long i0, long i1, long n_ff) {
+    (void)n_ff;
+    k->silu_mul(h, g, u, (int)(i1 - i0));
+}
+
+void ffn_act_rows_with(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
+                       long i0, long i1, uint32_t *counts, ffn_rows_fn rows, ffn_silu_fn silu) {
     float g[FFN_CHUNK], u[FFN_CHUNK];
     for (long c = i0; c < i1; c += FFN_CHUNK) {
         const long e = c + FFN_CHUNK < i1 ? c + FFN_CHUNK : i1;
-        matvec_rows_packed(k, &w->gate, in, g, c, e);
-        matvec_rows_packed(k, &w->up, in, u, c, e);
+        rows(k, &w->gate, in, g, c, e);
+        rows(k, &w->up, in, u, c, e);
         switch (m->act) {
-        case FFN_SILU: k->silu_mul(hb + c, g, u, (int)(e - c)); break;
+        case FFN_SILU: silu(k, hb + c, g, u, c, e, m->n_ff); break;
         case FFN_RELU:
             for (long i = c; i < e; i++) hb[i] = g[i - c] > 0 ? g[i - c] * u[i - c] : 0.0f;
             break;
@@ -138,4 +143,9 @@ void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, cons
         if (counts)
             for (long i = c; i < e; i++) counts[i] += hb[i] != 0.0f;
     }
+}
+
+void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
+                  long i0, long i1, uint32_t *counts) {
+    ffn_act_rows_with(k, m, w, in, hb, i0, i1, counts, matvec_rows_packed, silu_mul_rows);
 }

@@ -58,5 +58,11 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
 /* hb[i] = act(gate_i . x) * (up_i . x) for neurons [i0, i1); counts[i]++ where hb[i] != 0 (counts may be NULL). */
 void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
                   long i0, long i1, uint32_t *counts);
+/* The same with other arithmetic (ops_llama.c): rows gives out[r - r0] = W[r] . in;
+ * silu gives h[i - i0] = silu(g) * u for neurons [i0, i1) of a layer of n_ff. */
+typedef void (*ffn_rows_fn)(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
+typedef void (*ffn_silu_fn)(const kernels *k, float *h, const float *g, const float *u, long i0, long i1, long n_ff);
+void ffn_act_rows_with(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
+                       long i0, long i1, uint32_t *counts, ffn_rows_fn rows, ffn_silu_fn silu);
 
 #endif

@@ -36,17 +36,7 @@ void llama_silu_mul(const kernels *k, float *h, const float *g, const float *u, 
     }
 }
 
-#define FFN_CHUNK 64 /* as ops.c: neurons whose gate and up dots are buffered together */
-
 void llama_ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
                         long i0, long i1, uint32_t *counts) {
-    float g[FFN_CHUNK], u[FFN_CHUNK];
-    for (long c = i0; c < i1; c += FFN_CHUNK) {
-        const long e = c + FFN_CHUNK < i1 ? c + FFN_CHUNK : i1;
-        matvec_rows_packed_llama(k, &w->gate, in, g, c, e);
-        matvec_rows_packed_llama(k, &w->up, in, u, c, e);
-        llama_silu_mul(k, hb + c, g, u, c, e, m->n_ff);
-        if (counts)
-            for (long i = c; i < e; i++) counts[i] += hb[i] != 0.0f;
-    }
+    ffn_act_rows_with(k, m, w, in, hb, i0, i1, counts, matvec_rows_packed_llama, llama_silu_mul);
 }
