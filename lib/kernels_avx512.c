@@ -7,7 +7,7 @@
  * Quantization and f16/axpy results are bit-exact with the scalar reference. */
 #include <math.h>
 
-#include "kernels_avx512.h"
+#include "kernels_q_avx512.h"
 
 /* quantize_row_q8_0's x86 path: multiplier 127/amax, rounding to nearest even */
 void quantize_q8_0_avx512(const float *x, block_q8_0 *y, int n) {
@@ -49,37 +49,10 @@ void axpy_f32_avx512(float *y, float a, const float *w, int n) {
     }
 }
 
-/* ggml_vec_dot_f32: four 16-lane FMA accumulators over 64-element steps, added
- * (0+2)+(1+3), a horizontal sum, then the leftovers fused-added one by one */
-float dot_f32_avx512(const float *w, const float *x, int n) {
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int i = 0; i < np; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
-    }
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-    for (int i = np; i < n; i++) sum = fmaf(w[i], x[i], sum);
-    return sum;
-}
+/* ggml_vec_dot_f32/f16 (kernels_q_avx512.h: the sparse gathers share the rows) */
+float dot_f32_avx512(const float *w, const float *x, int n) { return f32_row(w, x, n, NULL); }
 
-/* ggml_vec_dot_f16: as dot_f32_avx512, but the leftovers (all of a head of 32)
- * are summed in double */
-float dot_f16_avx512(const uint16_t *w, const uint16_t *x, int n) {
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int i = 0; i < np; i += 64) {
-        s0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), s0);
-        s1 = _mm512_fmadd_ps(load_f16x16(w + i + 16), load_f16x16(x + i + 16), s1);
-        s2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), s2);
-        s3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), s3);
-    }
-    double sum = np ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))) : 0.0;
-    for (int i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
-    return (float)sum;
-}
+float dot_f16_avx512(const uint16_t *w, const uint16_t *x, int n) { return f16_row(w, x, n, NULL); }
 
 /* ggml's ggml_v_expf (AVX-512): exp to ~1.5 ulp, reproduced bit for bit */
 static __m512 ggml_expf16(__m512 x) {
@@ -100,8 +73,6 @@ static __m512 ggml_expf16(__m512 x) {
     const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(nn, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
     return _mm512_mask_blend_ps(d, res, alt);
 }
-
-static __mmask16 lanes_from(int i, int n) { return n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i); }
 
 double softmax_exp_avx512(float *y, const float *x, float max, int n) {
     double sum = 0;

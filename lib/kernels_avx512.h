@@ -1,7 +1,7 @@
-/* Internal to the AVX-512 kernel files (lib/kernels*_avx512.c and
- * lib/sparse_avx512.c, built with the AVX-512 flags): block loaders shared by
- * the fast and the exact quantized dots and the sparse gathers, and the
- * functions each file contributes to the two kernel tables. */
+/* Internal to the lib files ending in _avx512.c (built with the AVX-512
+ * flags): masks and block loaders shared by the fast and the exact quantized
+ * dots, the sparse gathers and the predictor gemv, and the functions each
+ * kernels file contributes to the two kernel tables. */
 #ifndef PI2_KERNELS_AVX512_H
 #define PI2_KERNELS_AVX512_H
 
@@ -19,6 +19,9 @@ static inline float load_f16(const void *p) {
 /* lanes 0..left-1 of 16 */
 static inline __mmask16 tail_mask16(int left) { return (__mmask16)((1u << left) - 1); }
 
+/* the lanes of the 16-element group at i that lie below n */
+static inline __mmask16 lanes_from(int i, int n) { return n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i); }
+
 static inline __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
 /* the 32 quants of blocks b and b+1 of a row, one block per 256-bit half */
@@ -35,15 +38,18 @@ static inline __m512i dot_i8_pair(__m512i wq, __m512i xq) {
     return _mm512_sub_epi32(biased, _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xq));
 }
 
-/* nibbles of Q4_0 blocks b and b+1 as unsigned bytes 0..15 in element order:
- * the 16 packed bytes go to both 128-bit lanes of a block's half, and the
- * upper lane is shifted right by 4 to reach the high nibbles */
-static inline __m512i load_q4_pair(const block_q4_0 *blk) {
-    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)blk[0].qs));
-    v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)blk[1].qs));
+/* nibbles of two Q4_0 blocks (load_q4_pair: blocks b and b+1 of a row) as
+ * unsigned bytes 0..15 in element order, one block per 256-bit half: the 16
+ * packed bytes go to both 128-bit lanes of a block's half, and the upper lane
+ * is shifted right by 4 to reach the high nibbles */
+static inline __m512i load_q4_two(const block_q4_0 *first, const block_q4_0 *second) {
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)first->qs));
+    v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)second->qs));
     const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
     return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
 }
+
+static inline __m512i load_q4_pair(const block_q4_0 *blk) { return load_q4_two(blk, blk + 1); }
 
 /* sum((q-8)*x) over 4-byte groups: vpdpbusd on q in 0..15, minus 8*sum(x) */
 static inline __m512i dot_q4_pair(__m512i q, __m512i xq) {

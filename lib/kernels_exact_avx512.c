@@ -30,17 +30,19 @@ static float fma_chain16(float acc, __m512i isum, __m512 dd) {
     return acc;
 }
 
+/* the f16 scales of 16 blocks, `stride` bytes apart, as floats */
+static __m512 block_scales16(const void *first, size_t stride) {
+    const char *p = first;
+    const __m256i packed = _mm256_setr_epi64x((long long)pack_scales4(p, stride),
+                                              (long long)pack_scales4(p + 4 * stride, stride),
+                                              (long long)pack_scales4(p + 8 * stride, stride),
+                                              (long long)pack_scales4(p + 12 * stride, stride));
+    return _mm512_cvtph_ps(packed);
+}
+
 /* d_w*d_x of 16 consecutive blocks */
 static __m512 scales16(const void *w, size_t wstride, const void *x, size_t xstride) {
-    const __m256i wd = _mm256_setr_epi64x((long long)pack_scales4(w, wstride),
-                                          (long long)pack_scales4((const char *)w + 4 * wstride, wstride),
-                                          (long long)pack_scales4((const char *)w + 8 * wstride, wstride),
-                                          (long long)pack_scales4((const char *)w + 12 * wstride, wstride));
-    const __m256i xd = _mm256_setr_epi64x((long long)pack_scales4(x, xstride),
-                                          (long long)pack_scales4((const char *)x + 4 * xstride, xstride),
-                                          (long long)pack_scales4((const char *)x + 8 * xstride, xstride),
-                                          (long long)pack_scales4((const char *)x + 12 * xstride, xstride));
-    return _mm512_mul_ps(_mm512_cvtph_ps(wd), _mm512_cvtph_ps(xd));
+    return _mm512_mul_ps(block_scales16(w, wstride), block_scales16(x, xstride));
 }
 
 float dot_q8_0_exact_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
@@ -73,15 +75,6 @@ float dot_q4_0_exact_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
 
 #define GEMV_ROW_PREFETCH 384 /* bytes ahead in each row (measured with tools/kernel-bench) */
 
-/* block b of rows r and r+1 (row_stride apart) as unsigned nibbles, one row per 256-bit half */
-static __m512i load_q4_rows2(const block_q4_0 *r0, size_t row_stride) {
-    const block_q4_0 *r1 = (const block_q4_0 *)((const char *)r0 + row_stride);
-    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)r0->qs));
-    v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)r1->qs));
-    const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-    return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
-}
-
 /* 16 rows at a time with one row per lane: every lane runs the block-by-block
  * FMA chain, so each result is dot_q4_0_exact_avx512's, without its scalar chain */
 void gemv_q4_0_exact_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
@@ -98,13 +91,12 @@ void gemv_q4_0_exact_avx512(const block_q4_0 *w, size_t row_stride, const block_
             const __m512i neg_corr =
                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), xq));
             __m512i sums[8];
-            for (int k = 0; k < 8; k++)
-                sums[k] = _mm512_dpbusd_epi32(neg_corr, load_q4_rows2((const block_q4_0 *)(col + 2 * k * row_stride), row_stride), xq);
-            const __m256i wd = _mm256_setr_epi64x((long long)pack_scales4(col, row_stride),
-                                                  (long long)pack_scales4(col + 4 * row_stride, row_stride),
-                                                  (long long)pack_scales4(col + 8 * row_stride, row_stride),
-                                                  (long long)pack_scales4(col + 12 * row_stride, row_stride));
-            const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(wd), _mm512_set1_ps(load_f16(&x[b].d)));
+            for (int k = 0; k < 8; k++) { /* block b of rows 2k and 2k+1 */
+                const char *pair = col + 2 * (size_t)k * row_stride;
+                const __m512i q = load_q4_two((const block_q4_0 *)pair, (const block_q4_0 *)(pair + row_stride));
+                sums[k] = _mm512_dpbusd_epi32(neg_corr, q, xq);
+            }
+            const __m512 dd = _mm512_mul_ps(block_scales16(col, row_stride), _mm512_set1_ps(load_f16(&x[b].d)));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sums16(sums)), dd, acc);
         }
         _mm512_storeu_ps(y + r0, acc);

@@ -1,8 +1,9 @@
-/* Private to lib/kernels_fast_avx512.c and lib/sparse_avx512.c (both built
- * with the AVX-512 flags): the default avx512 set's Q8_0 and Q4_0 row
- * arithmetic, in one copy, so that a dense dot and a sparse gather of the same
- * row give the same bits (tests/test_sparse_kernels.c holds them to it).
- * Their summation order is not llama.cpp's (kernels_exact_avx512.c has that).
+/* Private to lib/kernels_avx512.c, lib/kernels_fast_avx512.c and
+ * lib/sparse_avx512.c (all built with the AVX-512 flags): the default avx512
+ * set's F32, F16, Q8_0 and Q4_0 row arithmetic, in one copy, so that a dense
+ * dot and a sparse gather of the same row give the same bits
+ * (tests/test_sparse_kernels.c holds them to it). The quantized rows' summation
+ * order is not llama.cpp's (kernels_exact_avx512.c has that).
  *
  * Each row function also prefetches into L2 the lines at `ahead` that match
  * the ones it reads: the dense gemv passes a point further down its own
@@ -23,6 +24,46 @@
 #define QROW_INLINE static inline __attribute__((always_inline))
 
 QROW_INLINE void prefetch_l2(const void *p) { _mm_prefetch(p, _MM_HINT_T1); }
+
+/* ---- F32 / F16: ggml_vec_dot_f32/f16's order. Four 16-lane FMA accumulators
+ * over 64-element steps, added (0+2)+(1+3), a horizontal sum, then the
+ * leftovers. ahead may be NULL: no prefetch (the dense dots). ---- */
+
+/* the leftovers fused-added one by one */
+QROW_INLINE float f32_row(const float *w, const float *x, int n, const char *ahead) {
+    const int np = n & ~63;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int i = 0; i < np; i += 64) {
+        if (ahead)
+            for (int line = 0; line < 256; line += 64) prefetch_l2(ahead + (size_t)i * 4 + line);
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
+    }
+    float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    for (int i = np; i < n; i++) sum = __builtin_fmaf(w[i], x[i], sum);
+    return sum;
+}
+
+/* the leftovers (all of a head of 32) summed in double */
+QROW_INLINE float f16_row(const uint16_t *w, const uint16_t *x, int n, const char *ahead) {
+    const int np = n & ~63;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int i = 0; i < np; i += 64) {
+        if (ahead) {
+            prefetch_l2(ahead + (size_t)i * 2);
+            prefetch_l2(ahead + (size_t)i * 2 + 64);
+        }
+        s0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), s0);
+        s1 = _mm512_fmadd_ps(load_f16x16(w + i + 16), load_f16x16(x + i + 16), s1);
+        s2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), s2);
+        s3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), s3);
+    }
+    double sum = np ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))) : 0.0;
+    for (int i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    return (float)sum;
+}
 
 /* ---- Q8_0 x Q8_0: per 4 blocks, vpdpbusd pairs into two accumulators
  * scaled per block; the 0-3 leftover blocks on 256 bits into the first ---- */

@@ -1,12 +1,9 @@
 /* AVX-512 predictor gemv (pred_gemv.h): 4 rows per pass over x, one 16-lane
  * accumulator per row, the last partial group through masked loads (zeros). */
-#include <immintrin.h>
-
+#include "kernels_avx512.h"
 #include "pred_gemv.h"
 
 #define ROWS 4
-
-static inline __mmask16 group_mask(int n, int i) { return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1); }
 
 static inline __m512 load_w16(const uint16_t *row, int i, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + i));
@@ -29,7 +26,7 @@ void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const
         __m512 acc[ROWS];
         for (int k = 0; k < ROWS; k++) acc[k] = _mm512_setzero_ps();
         for (int i = 0; i < n; i += 16) {
-            const __mmask16 m = group_mask(n, i);
+            const __mmask16 m = lanes_from(i, n);
             const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
             for (int k = 0; k < ROWS; k++) acc[k] = _mm512_fmadd_ps(load_w16(row[k], i, m), xv, acc[k]);
         }
@@ -39,7 +36,7 @@ void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const
         const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)r * row_stride);
         __m512 acc = _mm512_setzero_ps();
         for (int i = 0; i < n; i += 16) {
-            const __mmask16 m = group_mask(n, i);
+            const __mmask16 m = lanes_from(i, n);
             acc = _mm512_fmadd_ps(load_w16(row, i, m), _mm512_maskz_loadu_ps(m, x + i), acc);
         }
         y[r] = reduce16(acc);

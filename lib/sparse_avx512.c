@@ -20,67 +20,26 @@
  * on huge pages and slower on 4 KiB ones, and touching a row's pages
  * earlier (a prefetch of its first and last line 6-10 rows ahead) slower. */
 #define GATHER_AHEAD_ROWS 4
-#define AXPY_ROWS 8         /* rows applied per pass over y (4 and 16 measured slower) */
-
-/* Called as the bytes [off, off+step) of the m rows of an axpy group are
- * consumed: prefetch each line this step enters, in the next group's rows. */
-QROW_INLINE void prefetch_next_group(const char *const *next, int m, size_t off, size_t step) {
-    const size_t last = off + step - 1;
-    if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
-    for (int r = 0; r < m; r++)
-        if (next[r]) prefetch_l2(next[r] + last);
-}
 
 /* the row whose lines a dot prefetches while it reads row i of s (never
- * NULL, which lets q8_row drop its no-prefetch test) */
+ * NULL, which lets the rows drop their no-prefetch test) */
 __attribute__((returns_nonnull)) static const char *gather_ahead(const row_seq *s, int i) {
     const int last = row_seq_len(s) - 1;
     return row_seq_row(s, i + GATHER_AHEAD_ROWS < last ? i + GATHER_AHEAD_ROWS : last);
 }
 
-/* ---- F32 / F16 dots: ggml_vec_dot_f32/f16's order (kernels_avx512.c), one row at a time ---- */
-
-static float dot_row_f32(const char *row, const char *ahead, const float *x, int n) {
-    const float *w = (const float *)row;
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int i = 0; i < np; i += 64) {
-        for (int line = 0; line < 256; line += 64) prefetch_l2(ahead + (size_t)i * 4 + line);
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
-    }
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-    for (int i = np; i < n; i++) sum = __builtin_fmaf(w[i], x[i], sum);
-    return sum;
-}
-
-static float dot_row_f16(const char *row, const char *ahead, const uint16_t *x, int n) {
-    const uint16_t *w = (const uint16_t *)row;
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int i = 0; i < np; i += 64) {
-        prefetch_l2(ahead + (size_t)i * 2);
-        prefetch_l2(ahead + (size_t)i * 2 + 64);
-        s0 = _mm512_fmadd_ps(load_f16x16(w + i), load_f16x16(x + i), s0);
-        s1 = _mm512_fmadd_ps(load_f16x16(w + i + 16), load_f16x16(x + i + 16), s1);
-        s2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), s2);
-        s3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), s3);
-    }
-    double sum = np ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))) : 0.0;
-    for (int i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
-    return (float)sum;
-}
+/* ---- dots: the dense set's rows (kernels_q_avx512.h), prefetching a row ahead ---- */
 
 static void dot_seq_f32(const row_seq *s, const float *x, int n) {
     const int len = row_seq_len(s);
-    for (int i = 0; i < len; i++) *row_seq_out(s, i) = dot_row_f32(row_seq_row(s, i), gather_ahead(s, i), x, n);
+    for (int i = 0; i < len; i++)
+        *row_seq_out(s, i) = f32_row((const float *)row_seq_row(s, i), x, n, gather_ahead(s, i));
 }
 
 static void dot_seq_f16(const row_seq *s, const uint16_t *x, int n) {
     const int len = row_seq_len(s);
-    for (int i = 0; i < len; i++) *row_seq_out(s, i) = dot_row_f16(row_seq_row(s, i), gather_ahead(s, i), x, n);
+    for (int i = 0; i < len; i++)
+        *row_seq_out(s, i) = f16_row((const uint16_t *)row_seq_row(s, i), x, n, gather_ahead(s, i));
 }
 
 static void dot_seq_q8_0(const row_seq *s, const block_q8_0 *x, int n) {
@@ -125,22 +84,6 @@ GATHER_DOTS(q4_0, void)
 
 /* ---- axpy: AXPY_ROWS rows per pass over y, y held in registers across them ---- */
 
-typedef struct {
-    const char *rows[AXPY_ROWS], *next[AXPY_ROWS];
-    float coef[AXPY_ROWS];
-    int m; /* rows in this group */
-} axpy_group;
-
-static void axpy_group_at(axpy_group *g, const char *w, size_t stride, const int32_t *idx, const float *coef,
-                          int count, int k0) {
-    g->m = count - k0 < AXPY_ROWS ? count - k0 : AXPY_ROWS;
-    for (int r = 0; r < AXPY_ROWS; r++) {
-        g->rows[r] = r < g->m ? w + (size_t)idx[k0 + r] * stride : NULL;
-        g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
-        g->next[r] = k0 + AXPY_ROWS + r < count ? w + (size_t)idx[k0 + AXPY_ROWS + r] * stride : NULL;
-    }
-}
-
 /* Element loads of one row at element i (full 16 lanes, or masked for the tail). */
 static inline __m512 load16_f32(const void *row, int i) { return _mm512_loadu_ps((const float *)row + i); }
 static inline __m512 load16_f16(const void *row, int i) { return load_f16x16((const uint16_t *)row + i); }
@@ -160,7 +103,7 @@ static inline __m512 load16m_f16(const void *row, int i, __mmask16 m) {
             axpy_group_at(&g, w, stride, idx, coef, count, k0);                                                   \
             int i = 0;                                                                                            \
             for (; i + 64 <= n; i += 64) {                                                                        \
-                prefetch_next_group(g.next, g.m, (size_t)i * (ESIZE), 64 * (ESIZE));                              \
+                axpy_prefetch_next(g.next, g.m, (size_t)i * (ESIZE), 64 * (ESIZE));                              \
                 __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);                            \
                 __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);                        \
                 for (int r = 0; r < g.m; r++) {                                                                   \
@@ -176,7 +119,7 @@ static inline __m512 load16m_f16(const void *row, int i, __mmask16 m) {
                 _mm512_storeu_ps(y + i + 48, y3);                                                                 \
             }                                                                                                     \
             for (; i < n; i += 16) {                                                                              \
-                const __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i);                     \
+                const __mmask16 mask = lanes_from(i, n);                                                          \
                 __m512 acc = _mm512_maskz_loadu_ps(mask, y + i);                                                  \
                 for (int r = 0; r < g.m; r++)                                                                     \
                     acc = _mm512_fmadd_ps(_mm512_set1_ps(g.coef[r]), load16m_##T(g.rows[r], i, mask), acc);       \
@@ -199,7 +142,7 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
         axpy_group_at(&g, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
-            prefetch_next_group(g.next, g.m, off, sizeof(block_q8_0));
+            axpy_prefetch_next(g.next, g.m, off, sizeof(block_q8_0));
             __m512 y0 = _mm512_loadu_ps(y + b * QK8_0), y1 = _mm512_loadu_ps(y + b * QK8_0 + 16);
             for (int r = 0; r < g.m; r++) {
                 const block_q8_0 *blk = (const block_q8_0 *)(g.rows[r] + off);
@@ -223,7 +166,7 @@ static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const fl
         axpy_group_at(&g, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q4_0);
-            prefetch_next_group(g.next, g.m, off, sizeof(block_q4_0));
+            axpy_prefetch_next(g.next, g.m, off, sizeof(block_q4_0));
             __m512 y0 = _mm512_loadu_ps(y + b * QK4_0), y1 = _mm512_loadu_ps(y + b * QK4_0 + 16);
             for (int r = 0; r < g.m; r++) {
                 const block_q4_0 *blk = (const block_q4_0 *)(g.rows[r] + off);

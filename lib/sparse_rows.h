@@ -1,12 +1,14 @@
 /* Private to the sparse_*.c kernel files: the sequence of rows a gather dot
- * visits. A plain gather visits row idx[k] of one matrix; the fused gate+up
- * form alternates between two matrices (w_a row idx[0], w_b row idx[0],
- * w_a row idx[1], ...), so one kernel serves both and streams them together. */
+ * visits, and the groups of rows the SIMD axpys apply together. A plain
+ * gather visits row idx[k] of one matrix; the fused gate+up form alternates
+ * between two matrices (w_a row idx[0], w_b row idx[0], w_a row idx[1], ...),
+ * so one kernel serves both and streams them together. */
 #ifndef PI2_SPARSE_ROWS_H
 #define PI2_SPARSE_ROWS_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <xmmintrin.h>
 
 typedef struct {
     const char *w[2];   /* the matrices (w[1] only when nmat == 2) */
@@ -33,5 +35,40 @@ static inline const char *row_seq_row(const row_seq *s, int i) {
 }
 
 static inline float *row_seq_out(const row_seq *s, int i) { return &s->out[i % s->nmat][i / s->nmat]; }
+
+/* ---- axpy: AXPY_ROWS rows per pass over y, y held in registers across
+ * them; each group prefetches the next group's rows into L2 (T1) as it goes
+ * (the gather is scattered, which the hardware prefetcher cannot guess) ---- */
+
+#define AXPY_ROWS 8 /* 4 and 16 measured slower (AVX-512) */
+
+typedef struct {
+    const char *rows[AXPY_ROWS], *next[AXPY_ROWS]; /* next: the next group's rows (NULL: none) */
+    float coef[AXPY_ROWS];
+    int m; /* rows in this group */
+} axpy_group;
+
+/* the group of rows k0.. of idx (at most AXPY_ROWS) */
+static inline void axpy_group_at(axpy_group *g, const char *w, size_t stride, const int32_t *idx, const float *coef,
+                                 int count, int k0) {
+    g->m = count - k0 < AXPY_ROWS ? count - k0 : AXPY_ROWS;
+    for (int r = 0; r < AXPY_ROWS; r++) {
+        g->rows[r] = r < g->m ? w + (size_t)idx[k0 + r] * stride : NULL;
+        g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
+        g->next[r] = k0 + AXPY_ROWS + r < count ? w + (size_t)idx[k0 + AXPY_ROWS + r] * stride : NULL;
+    }
+}
+
+/* Called as the bytes [off, off+step) of the m rows of a group are consumed:
+ * prefetch each line this step enters, in the next group's rows. Always
+ * inlined: GCC 12 judges a small function whose only effect is a prefetch
+ * "const" and deletes its calls. */
+static inline __attribute__((always_inline)) void axpy_prefetch_next(const char *const *next, int m, size_t off,
+                                                                     size_t step) {
+    const size_t last = off + step - 1;
+    if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
+    for (int r = 0; r < m; r++)
+        if (next[r]) _mm_prefetch(next[r] + last, _MM_HINT_T1);
+}
 
 #endif
