@@ -38,8 +38,8 @@ struct decoder {
     weight *down_t;               /* [n_layer][n_chunks]: built rows of own chunks (rows 0 elsewhere), or NULL */
     int n_chunks;
     predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
-    float *pred_hidden;
     act_vec pred_conv;
+    int index;                    /* this worker's number: its share of the predictor's first stage */
 };
 
 /* ---- parallel jobs ---- */
@@ -111,10 +111,10 @@ typedef struct {
 } chunks_job;
 
 static void chunks_worker(void *ctx, int ith, int nth) {
-    (void)nth;
     chunks_job *j = ctx;
     decoder *d = j->d;
-    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, d->partials, &d->scratch[ith], NULL, NULL);
+    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, ffn_chunks_per_take(j->n_chunks, nth), d->partials,
+                    &d->scratch[ith], NULL, NULL);
 }
 
 /* ---- the steps ---- */
@@ -181,8 +181,22 @@ static void step_ffn_act(decoder *d, int l) {
     pool_run(d->pool, ffn_worker, &j);
 }
 
+/* The predictor's first stage, shared: this worker's entries of the hidden
+ * vector into act.hb (which a chunked FFN does not use otherwise), then,
+ * once every worker's are in, the whole vector converted for the second
+ * stage. Each worker reads 1/n of the first stage's weights, not all. */
+static int share_predictor_hidden(decoder *d, const decode_step *s) {
+    const int l = s->layer;
+    long r0, r1;
+    pool_split(predictor_rank(d->pred, l), d->index, d->n_workers, &r0, &r1);
+    predictor_hidden_rows(d->pred, l, d->x_mid, d->xb, r0, r1, d->hb, &d->pred_conv);
+    if (barrier(d, s->epoch)) return -1;
+    predictor_hidden_done(d->pred, l, d->hb, &d->pred_conv);
+    return 0;
+}
+
 /* C, chunked: the task's neuron chunks -> their partials in act. */
-static void step_ffn_chunks(decoder *d, const decode_step *s) {
+static int step_ffn_chunks(decoder *d, const decode_step *s) {
     const model *m = d->m;
     const int l = s->layer;
     const layer_weights *w = &m->layers[l];
@@ -191,8 +205,9 @@ static void step_ffn_chunks(decoder *d, const decode_step *s) {
     chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv},
                     s->chunks, s->n_chunks, 0};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
-    if (s->mode == FFN_PREDICTOR) predictor_prepare(d->pred, l, d->x_mid, d->xb, d->pred_hidden, &d->pred_conv);
+    if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
     pool_run(d->pool, chunks_worker, &j);
+    return 0;
 }
 
 /* D, chunked: x_layers[l + 1] = x_mid + the chunks' partials in chunk order, own rows. */
@@ -240,8 +255,11 @@ int decoder_run(decoder *d, const decode_step *s) {
     if (barrier(d, s->epoch)) return -1;
     step_attn_output(d, layer);
     if (barrier(d, s->epoch)) return -1;
-    if (chunked) step_ffn_chunks(d, s);
-    else step_ffn_act(d, layer);
+    if (chunked) {
+        if (step_ffn_chunks(d, s)) return -1;
+    } else {
+        step_ffn_act(d, layer);
+    }
     if (barrier(d, s->epoch)) return -1;
     if (chunked) step_ffn_reduce(d, layer);
     else step_ffn_down(d, layer);
@@ -298,7 +316,10 @@ static int sparse_setup(decoder *d) {
         return -1;
     }
     int rank = predictor_max_rank(d->pred), wide = rank > m->n_embd ? rank : m->n_embd, bad = 0;
-    d->pred_hidden = alloc_zero((size_t)rank, sizeof(float), &bad);
+    if (rank > m->n_ff) { /* its hidden vector lives in act.hb; such a predictor would cost more than the FFN */
+        log_error("predictor rank %d exceeds the FFN's %ld neurons", rank, (long)m->n_ff);
+        return -1;
+    }
     d->pred_conv.f16 = alloc_zero((size_t)wide, sizeof(uint16_t), &bad);
     d->pred_conv.q8 = alloc_zero((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     if (bad) log_error("out of memory allocating the predictor's buffers");
@@ -315,6 +336,7 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->ctl = sv->ctl;
     d->n_workers = sv->ctl->params.n_cpu_workers;
     d->kv_dim = m->n_head_kv * m->head_dim;
+    d->index = index;
     work_share_compute(&d->share, m, index, d->n_workers);
     int group = m->n_head / m->n_head_kv;
     d->qh_begin = d->share.kvh_begin * group;
@@ -365,7 +387,7 @@ void decoder_free(decoder *d) {
         for (size_t i = 0; i < (size_t)d->m->n_layer * (size_t)d->n_chunks; i++) free((void *)d->down_t[i].data);
     free(d->down_t);
     predictor_free(d->pred);
-    free(d->pred_hidden); free(d->pred_conv.f16); free(d->pred_conv.q8);
+    free(d->pred_conv.f16); free(d->pred_conv.q8);
     if (d->scratch)
         for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);
     free(d->scratch);

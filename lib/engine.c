@@ -236,13 +236,13 @@ typedef struct {
 } chunks_job;
 
 static void chunks_worker(void *ctx, int ith, int nth) {
-    (void)nth;
     chunks_job *j = ctx;
     engine *e = j->e;
     const model *m = e->m;
     uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->f.layer * m->n_ff : NULL;
-    ffn_chunks_take(&j->f, &j->next, NULL, ffn_chunk_count(m), e->partials, &e->scratch[ith], &e->chunk_stats[ith],
-                    counts);
+    const int n = ffn_chunk_count(m);
+    ffn_chunks_take(&j->f, &j->next, NULL, n, ffn_chunks_per_take(n, nth), e->partials, &e->scratch[ith],
+                    &e->chunk_stats[ith], counts);
 }
 
 static uint64_t weight_bytes(const weight *w) { return (uint64_t)w->rows * w->row_bytes; }

@@ -48,18 +48,20 @@ void ffn_chunk_range(const model *m, int chunk, long *n0, long *n1) {
 }
 
 int ffn_scratch_init(ffn_scratch *s, const model *m) {
-    size_t n = (size_t)ffn_chunk_neurons(m);
+    size_t n = (size_t)m->n_ff, c = (size_t)ffn_chunk_count(m) + 1;
     s->idx = malloc(n * sizeof(int32_t));
     s->a = malloc(n * sizeof(float));
     s->b = malloc(n * sizeof(float));
-    if (s->idx && s->a && s->b) return 0;
+    s->tmp = malloc((size_t)ffn_chunk_neurons(m) * sizeof(float));
+    s->start = malloc(c * sizeof(int));
+    if (s->idx && s->a && s->b && s->tmp && s->start) return 0;
     ffn_scratch_free(s);
     return -1;
 }
 
 void ffn_scratch_free(ffn_scratch *s) {
-    free(s->idx); free(s->a); free(s->b);
-    s->idx = NULL, s->a = s->b = NULL;
+    free(s->idx); free(s->a); free(s->b); free(s->tmp); free(s->start);
+    *s = (ffn_scratch){0};
 }
 
 const sparse_kernels *ffn_gather_for(const kernels *k) {
@@ -74,30 +76,26 @@ static const void *act_for_type(const act_vec *a, uint32_t type) {
     return type == GGML_TYPE_F16 ? (const void *)a->f16 : (const void *)a->q8;
 }
 
-/* A weight's rows from neuron n0 on, as the base of a gather with chunk-local indices. */
-static const char *rows_from(const weight *w, long n0) { return (const char *)w->data + (size_t)n0 * w->row_bytes; }
-
-/* out[k] = w row (n0 + idx[k]) . in, the dense dot's bits. */
-static void gather_dot(const ffn_layer *f, const weight *w, long n0, const int32_t *idx, int n, float *out) {
+/* out[k] = w row idx[k] . in, the dense dot's bits. */
+static void gather_dot(const ffn_layer *f, const weight *w, const int32_t *idx, int n, float *out) {
     if (f->gather) {
         sparse_kernels_for_type(f->gather, w->type)
-            ->dot(rows_from(w, n0), w->row_bytes, idx, n, act_for_type(f->in, w->type), (int)w->cols, out);
+            ->dot(w->data, w->row_bytes, idx, n, act_for_type(f->in, w->type), (int)w->cols, out);
         return;
     }
-    for (int k = 0; k < n; k++) out[k] = row_dot(f->k, w, n0 + idx[k], f->in);
+    for (int k = 0; k < n; k++) out[k] = row_dot(f->k, w, idx[k], f->in);
 }
 
 /* The same for gate and up together (one pass over both rows of each neuron). */
-static void gather_dot2(const ffn_layer *f, const layer_weights *w, long n0, const int32_t *idx, int n, float *g,
-                        float *u) {
+static void gather_dot2(const ffn_layer *f, const layer_weights *w, const int32_t *idx, int n, float *g, float *u) {
     if (f->gather && w->gate.type == w->up.type && w->gate.row_bytes == w->up.row_bytes) {
         sparse_kernels_for_type(f->gather, w->gate.type)
-            ->dot2(rows_from(&w->gate, n0), rows_from(&w->up, n0), w->gate.row_bytes, idx, n,
+            ->dot2(w->gate.data, w->up.data, w->gate.row_bytes, idx, n,
                    act_for_type(f->in, w->gate.type), (int)w->gate.cols, g, u);
         return;
     }
-    gather_dot(f, &w->gate, n0, idx, n, g);
-    gather_dot(f, &w->up, n0, idx, n, u);
+    gather_dot(f, &w->gate, idx, n, g);
+    gather_dot(f, &w->up, idx, n, u);
 }
 
 /* h[k] = act(g[k], u[k]) with ffn_act_rows' formulas, then keeps (in place, in
@@ -118,68 +116,102 @@ static int activate_and_keep(const ffn_layer *f, int32_t *idx, float *g, const f
     return kept;
 }
 
-/* The chunk's neurons to compute, chunk-local, in idx; gate values in s->a
- * where the mode computed them already (gate-first). Returns how many. */
-static int select_neurons(const ffn_layer *f, long n0, long n1, ffn_scratch *s, ffn_chunk_stats *st, int *gate_done) {
+/* Appends the neurons of [n0, n1) to compute, as layer indices, to s->idx
+ * from at; their gate values to s->a where the mode computed them already
+ * (gate-first). Returns how many. */
+static int select_neurons(const ffn_layer *f, long n0, long n1, ffn_scratch *s, int at, ffn_chunk_stats *st) {
     const layer_weights *w = &f->m->layers[f->layer];
+    int32_t *idx = s->idx + at;
     int len = (int)(n1 - n0), n = 0;
-    *gate_done = 0;
     if (f->mode == FFN_DENSE) {
-        for (int i = 0; i < len; i++) s->idx[i] = i;
+        for (int i = 0; i < len; i++) idx[i] = (int32_t)(n0 + i);
         return len;
     }
     if (f->mode == FFN_GATE_FIRST) {
-        matvec_rows_packed(f->k, &w->gate, f->in, s->a, n0, n1);
+        matvec_rows_packed(f->k, &w->gate, f->in, s->tmp, n0, n1);
         st->bytes += (uint64_t)len * w->gate.row_bytes;
         for (int i = 0; i < len; i++)
-            if (s->a[i] > 0) {
-                s->idx[n] = i;
-                s->a[n++] = s->a[i];
+            if (s->tmp[i] > 0) {
+                idx[n] = (int32_t)(n0 + i);
+                s->a[at + n++] = s->tmp[i];
             }
-        *gate_done = 1;
         return n;
     }
-    predictor_rows(f->pred, f->layer, f->pred_hidden, n0, n1, s->b);
+    predictor_rows(f->pred, f->layer, f->pred_hidden, n0, n1, s->tmp);
     st->bytes += predictor_row_bytes(f->pred, f->layer) * (uint64_t)len;
     const float tau = predictor_threshold(f->pred, f->layer);
     for (int i = 0; i < len; i++)
-        if (s->b[i] >= tau) s->idx[n++] = i;
+        if (s->tmp[i] >= tau) idx[n++] = (int32_t)(n0 + i);
     return n;
 }
 
-void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s, ffn_chunk_stats *stats,
-                   uint32_t *counts) {
-    ffn_chunk_stats local = {0}, *st = stats ? stats : &local;
-    const model *m = f->m;
-    const layer_weights *w = &m->layers[f->layer];
-    long n0, n1;
-    ffn_chunk_range(m, chunk, &n0, &n1);
-    int gate_done, n = select_neurons(f, n0, n1, s, st, &gate_done);
-    if (gate_done) {
-        gather_dot(f, &w->up, n0, s->idx, n, s->b);
+/* The activations of the selected neurons s->idx[0..n): gate (unless the
+ * mode computed it) and up, one gather over all the batch's chunks. */
+static void gather_gate_up(const ffn_layer *f, ffn_scratch *s, int n, ffn_chunk_stats *st) {
+    const layer_weights *w = &f->m->layers[f->layer];
+    if (f->mode == FFN_GATE_FIRST) {
+        gather_dot(f, &w->up, s->idx, n, s->b);
         st->bytes += (uint64_t)n * w->up.row_bytes;
     } else {
-        gather_dot2(f, w, n0, s->idx, n, s->a, s->b);
+        gather_dot2(f, w, s->idx, n, s->a, s->b);
         st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
     }
     st->computed += (uint64_t)n;
-    int fired = activate_and_keep(f, s->idx, s->a, s->b, n);
-    if (counts)
-        for (int k = 0; k < fired; k++) counts[n0 + s->idx[k]]++;
-    memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
+}
+
+/* The chunk's firing neurons idx[0..fired) (layer indices; made dt's row
+ * numbers here), activations h, summed into partial from zero along their
+ * down_t rows. */
+static void chunk_down(const ffn_layer *f, int chunk, int32_t *idx, const float *h, int fired, float *partial,
+                       ffn_chunk_stats *st) {
+    const model *m = f->m;
     const weight *dt = f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
-    const long dt_row = f->down_t_chunks ? 0 : n0 - f->down_t_first;
-    sparse_kernels_for_type(f->axpy, dt->type)
-        ->axpy(rows_from(dt, dt_row), dt->row_bytes, s->idx, s->a, fired, partial, m->n_embd);
+    long n0, n1;
+    ffn_chunk_range(m, chunk, &n0, &n1);
+    const long first = f->down_t_chunks ? n0 : f->down_t_first; /* the neuron of dt's row 0 */
+    for (int k = 0; k < fired; k++) idx[k] -= (int32_t)first;
+    memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
+    sparse_kernels_for_type(f->axpy, dt->type)->axpy(dt->data, dt->row_bytes, idx, h, fired, partial, m->n_embd);
     st->fired += (uint64_t)fired;
     st->bytes += (uint64_t)fired * dt->row_bytes;
 }
 
-void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, float *partials,
-                     ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts) {
-    for (int i; (i = atomic_fetch_add(next, 1)) < n;) {
-        int c = list ? list[i] : i;
-        ffn_chunk_run(f, c, partials + (size_t)c * f->m->n_embd, s, st, counts);
+void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
+                    ffn_chunk_stats *stats, uint32_t *counts) {
+    ffn_chunk_stats local = {0}, *st = stats ? stats : &local;
+    const size_t n_embd = (size_t)f->m->n_embd;
+    int n = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        long n0, n1;
+        ffn_chunk_range(f->m, chunks[c], &n0, &n1);
+        s->start[c] = n;
+        n += select_neurons(f, n0, n1, s, n, st);
+    }
+    s->start[n_chunks] = n;
+    gather_gate_up(f, s, n, st);
+    for (int c = 0; c < n_chunks; c++) {
+        const int at = s->start[c], len = s->start[c + 1] - at;
+        const int fired = activate_and_keep(f, s->idx + at, s->a + at, s->b + at, len);
+        if (counts)
+            for (int k = 0; k < fired; k++) counts[s->idx[at + k]]++;
+        chunk_down(f, chunks[c], s->idx + at, s->a + at, fired, partials + (size_t)chunks[c] * n_embd, st);
+    }
+}
+
+int ffn_chunks_per_take(int n, int nth) {
+    if (nth <= 1) return n > 0 ? n : 1;
+    int k = n / (2 * nth);
+    return k > 0 ? k : 1;
+}
+
+void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int per_take,
+                     float *partials, ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts) {
+    int32_t batch[FFN_TAKE_MAX];
+    if (per_take > FFN_TAKE_MAX) per_take = FFN_TAKE_MAX;
+    for (int i; (i = atomic_fetch_add(next, per_take)) < n;) {
+        const int k = n - i < per_take ? n - i : per_take;
+        for (int j = 0; j < k; j++) batch[j] = list ? list[i + j] : i + j;
+        ffn_chunks_run(f, batch, k, partials, s, st, counts);
     }
 }
 

@@ -68,10 +68,12 @@ typedef struct {
     const act_vec *pred_hidden;   /* FFN_PREDICTOR: predictor_prepare's output for this layer */
 } ffn_layer;
 
-/* One thread's scratch: ffn_chunk_neurons(m) entries each. */
+/* One thread's scratch: idx, a, b hold up to n_ff neurons (a batch of
+ * chunks), tmp one chunk, start one entry per chunk of a batch plus one. */
 typedef struct {
     int32_t *idx;
-    float *a, *b;
+    float *a, *b, *tmp;
+    int *start;
 } ffn_scratch;
 
 int ffn_scratch_init(ffn_scratch *s, const model *m); /* 0, or -1 out of memory */
@@ -83,16 +85,27 @@ typedef struct {
     uint64_t bytes;    /* weight bytes read (gate, up, down_t rows and predictor rows) */
 } ffn_chunk_stats;
 
-/* Computes chunk c into partial[0..n_embd); adds to *st (may be NULL);
- * counts[i]++ (indexed by neuron, may be NULL) for every firing neuron. */
-void ffn_chunk_run(const ffn_layer *f, int chunk, float *partial, ffn_scratch *s, ffn_chunk_stats *st,
-                   uint32_t *counts);
+/* Computes the chunks chunks[0..n_chunks) (distinct, ascending for the
+ * fastest gathers) into partials[chunk][n_embd]; adds to *st (may be NULL);
+ * counts[i]++ (indexed by neuron, may be NULL) for every firing neuron. The
+ * gate and up rows of all of them are read in one gather, which streams
+ * better than a gather per chunk; each chunk's partial is what it would be
+ * alone. */
+void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
+                    ffn_chunk_stats *st, uint32_t *counts);
 
-/* The loop each thread of a pool runs: takes the next entry of list (list
- * NULL: chunks 0 .. n-1) from the shared counter until none is left, and runs
- * it into partials[chunk][n_embd]. */
-void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, float *partials,
-                     ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts);
+#define FFN_TAKE_MAX 64 /* chunks one take may hold */
+
+/* How many chunks a thread takes at once out of n shared by nth threads: all
+ * of them alone; else about half a thread's share, long gathers that still
+ * leave the threads something to balance. */
+int ffn_chunks_per_take(int n, int nth);
+
+/* The loop each thread of a pool runs: takes the next per_take entries of
+ * list (list NULL: chunks 0 .. n-1) from the shared counter until none is
+ * left, and runs them into partials[chunk][n_embd]. */
+void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int per_take,
+                     float *partials, ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts);
 
 /* out[r] = residual[r] + (partials[0][r] + partials[1][r] + ...), chunk order,
  * for rows [r0, r1); partials is [ffn_chunk_count(m)][n_embd]. */

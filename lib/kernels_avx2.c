@@ -8,6 +8,11 @@
 /* the rows are kernels_avx2.h's, which the sparse gathers share */
 static float dot_f32_avx2(const float *w, const float *x, int n) { return f32_row(w, x, n, NULL); }
 static float dot_f16_avx2(const uint16_t *w, const uint16_t *x, int n) { return f16_row(w, x, n, NULL); }
+/* one row after the other: f16_row's leftovers (n % 8) are too few to be
+ * worth interleaving, and attention's n is a multiple of 32 */
+static void dot_f16_rows_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = f16_row(w + (size_t)r * row_stride, x, n, NULL);
+}
 static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
 static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
 
@@ -63,6 +68,7 @@ const kernels kernels_avx2_impl = {
     .name = "avx2",
     .dot_f32 = dot_f32_avx2,
     .dot_f16 = dot_f16_avx2,
+    .dot_f16_rows = dot_f16_rows_avx2,
     .dot_q8_0 = dot_q8_0_avx2,
     .dot_q4_0 = dot_q4_0_avx2,
     .quantize_q8_0 = quantize_q8_0_avx2,

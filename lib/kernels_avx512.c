@@ -54,6 +54,62 @@ float dot_f32_avx512(const float *w, const float *x, int n) { return f32_row(w, 
 
 float dot_f16_avx512(const uint16_t *w, const uint16_t *x, int n) { return f16_row(w, x, n, NULL); }
 
+/* c[j][r] = p[r][j]: an 8x8 transpose in three rounds of shuffles (the
+ * loops are unrolled so that the arrays stay in registers) */
+static inline void transpose8_pd(const __m512d p[8], __m512d c[8]) {
+    __m512d t[8], u[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k += 2) { /* rows k, k+1: 128-bit lane L holds column 2L (t[k]), 2L+1 (t[k+1]) */
+        t[k] = _mm512_unpacklo_pd(p[k], p[k + 1]);
+        t[k + 1] = _mm512_unpackhi_pd(p[k], p[k + 1]);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < 4; m++) { /* rows k..k+3: u[k+j] holds columns j and j+4, u[k+2+j] j+2 and j+6 */
+        const int k = m / 2 * 4, j = m % 2;
+        u[k + j] = _mm512_shuffle_f64x2(t[k + j], t[k + 2 + j], _MM_SHUFFLE(2, 0, 2, 0));
+        u[k + 2 + j] = _mm512_shuffle_f64x2(t[k + j], t[k + 2 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 4; j++) {
+        c[j] = _mm512_shuffle_f64x2(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
+        c[j + 4] = _mm512_shuffle_f64x2(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* f16_row for each row: its 64-element steps, then its leftovers' products
+ * (f16_row's float products, widened exactly to double) added one by one in
+ * order. At attention's n = 32 (and 96, 160...) f16_row alone is a chain of
+ * dependent double adds a row; here 8 rows' chains are the lanes of one
+ * vector: the products of 8 rows by 8 columns are transposed so that lane r
+ * of column c holds row r's product c. */
+void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
+    const int np = n & ~63, left = n - np;
+    __m256 xt[8]; /* x's leftovers, 8 at a time (masked: lanes past n are 0) */
+    for (int i = 0; i < left; i += 8)
+        xt[i / 8] = _mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)lanes_from(i, left), x + np + i));
+    int r0 = 0;
+    for (; left && r0 + 8 <= rows; r0 += 8) { /* no leftovers: no chains, f16_row below */
+        double head[8];
+        for (int r = 0; r < 8; r++) head[r] = f16_steps(w + (size_t)(r0 + r) * row_stride, x, np, NULL);
+        __m512d sum = _mm512_loadu_pd(head);
+        for (int i = 0; i < left; i += 8) {
+            const __mmask8 m = (__mmask8)lanes_from(i, left);
+            __m512d p[8], c[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                const uint16_t *wr = w + (size_t)(r0 + r) * row_stride + np + i;
+                p[r] = _mm512_cvtps_pd(_mm256_mul_ps(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, wr)), xt[i / 8]));
+            }
+            transpose8_pd(p, c);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) /* the row's own columns only, as f16_row */
+                if (i + j < left) sum = _mm512_add_pd(sum, c[j]);
+        }
+        _mm256_storeu_ps(out + r0, _mm512_cvtpd_ps(sum));
+    }
+    for (; r0 < rows; r0++) out[r0] = f16_row(w + (size_t)r0 * row_stride, x, n, NULL);
+}
+
 /* ggml's ggml_v_expf (AVX-512): exp to ~1.5 ulp, reproduced bit for bit */
 static __m512 ggml_expf16(__m512 x) {
     const __m512 r = _mm512_set1_ps(0x1.8p23f);
@@ -100,6 +156,7 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
 #define SHARED_AVX512_KERNELS                   \
     .dot_f32 = dot_f32_avx512,                  \
     .dot_f16 = dot_f16_avx512,                  \
+    .dot_f16_rows = dot_f16_rows_avx512,        \
     .quantize_q8_0 = quantize_q8_0_avx512,      \
     .f32_to_f16_row = f32_to_f16_row_avx512,    \
     .axpy_f32 = axpy_f32_avx512,                \

@@ -94,6 +94,7 @@ void f32_to_f16_row_avx512(const float *x, uint16_t *y, int n);
 void axpy_f32_avx512(float *y, float a, const float *w, int n);
 float dot_f32_avx512(const float *w, const float *x, int n);
 float dot_f16_avx512(const uint16_t *w, const uint16_t *x, int n);
+void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out);
 double softmax_exp_avx512(float *y, const float *x, float max, int n);
 void silu_mul_avx512(float *h, const float *g, const float *u, int n);
 

@@ -46,9 +46,8 @@ QROW_INLINE float f32_row(const float *w, const float *x, int n, const char *ahe
     return sum;
 }
 
-/* the leftovers (all of a head of 32) summed in double */
-QROW_INLINE float f16_row(const uint16_t *w, const uint16_t *x, int n, const char *ahead) {
-    const int np = n & ~63;
+/* the sum over the first np elements (np a multiple of 64), as f16_row starts it */
+QROW_INLINE double f16_steps(const uint16_t *w, const uint16_t *x, int np, const char *ahead) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     for (int i = 0; i < np; i += 64) {
         if (ahead) {
@@ -60,7 +59,14 @@ QROW_INLINE float f16_row(const uint16_t *w, const uint16_t *x, int n, const cha
         s2 = _mm512_fmadd_ps(load_f16x16(w + i + 32), load_f16x16(x + i + 32), s2);
         s3 = _mm512_fmadd_ps(load_f16x16(w + i + 48), load_f16x16(x + i + 48), s3);
     }
-    double sum = np ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))) : 0.0;
+    return np ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))) : 0.0;
+}
+
+/* the leftovers (all of a head of 32) summed in double, each float product
+ * widened (dot_f16_rows_avx512 relies on this order) */
+QROW_INLINE float f16_row(const uint16_t *w, const uint16_t *x, int n, const char *ahead) {
+    const int np = n & ~63;
+    double sum = f16_steps(w, x, np, ahead);
     for (int i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
     return (float)sum;
 }

@@ -30,6 +30,11 @@ static float dot_f16_scalar(const uint16_t *w, const uint16_t *x, int n) {
     return sum;
 }
 
+static void dot_f16_rows_scalar(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n,
+                                float *out) {
+    for (int r = 0; r < rows; r++) out[r] = dot_f16_scalar(w + (size_t)r * row_stride, x, n);
+}
+
 static float dot_q8_0_scalar(const block_q8_0 *w, const block_q8_0 *x, int n) {
     float sum = 0.0f;
     for (int b = 0; b < n / QK8_0; b++) {
@@ -181,6 +186,7 @@ const kernels kernels_scalar_impl = {
     .name = "scalar",
     .dot_f32 = dot_f32_scalar,
     .dot_f16 = dot_f16_scalar,
+    .dot_f16_rows = dot_f16_rows_scalar,
     .dot_q8_0 = dot_q8_0_scalar,
     .dot_q4_0 = dot_q4_0_scalar,
     .quantize_q8_0 = quantize_q8_0_scalar,

@@ -91,7 +91,7 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
     /* K . q: n_kv x head_dim by n_batch; V . p: head_dim x n_kv by n_batch */
     typedef float (*dot_f16_fn)(const uint16_t *, const uint16_t *, int);
     const dot_f16_fn kq_dot = tinyblas_takes(n_kv, n_batch, hd) ? tb->dot_f16 : k->dot_f16;
-    const dot_f16_fn vp_dot = tinyblas_takes(hd, n_batch, n_kv) ? tb->dot_f16 : k->dot_f16;
+    const bool vp_tinyblas = tinyblas_takes(hd, n_batch, n_kv);
     float scale = 1.0f / sqrtf((float)hd);
     for (long h = h0; h < h1; h++) {
         int kvh = (int)h / group;
@@ -108,7 +108,11 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
         for (int t = 0; t < T; t++) sc[t] *= inv;
         k->f32_to_f16_row(sc, p16, T);
         memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
-        for (int d = 0; d < hd; d++) out[h * hd + d] = vp_dot(kv->v + ((size_t)kvh * hd + d) * kv->n_ctx, p16, n_kv);
+        const uint16_t *vh = kv->v + (size_t)kvh * hd * kv->n_ctx; /* row d: dimension d's values over time */
+        if (vp_tinyblas)
+            for (int d = 0; d < hd; d++) out[h * hd + d] = tb->dot_f16(vh + (size_t)d * kv->n_ctx, p16, n_kv);
+        else
+            k->dot_f16_rows(vh, (size_t)kv->n_ctx, hd, p16, n_kv, out + h * hd);
     }
 }
 

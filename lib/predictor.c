@@ -220,23 +220,35 @@ static void convert_for(const predictor *p, const weight *w, const float *x, act
     act_convert_for(p->k, conv, x, (int)w->cols, ws, 1);
 }
 
-void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
-                       act_vec *conv) {
+long predictor_rank(const predictor *p, int layer) { return (long)p->a[layer].rows; }
+
+void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
+                           long r1, float *hidden, act_vec *conv) {
     const weight *a = &p->a[layer];
     const float *in = p->kind == PREDICTOR_POWERINFER ? residual : ffn_in;
     if (a->type == GGML_TYPE_F16) {
-        p->gemv_f16(a->data, a->row_bytes, (int)a->rows, in, (int)a->cols, hidden);
+        p->gemv_f16((const char *)a->data + (size_t)r0 * a->row_bytes, a->row_bytes, (int)(r1 - r0), in,
+                    (int)a->cols, hidden + r0);
     } else {
         convert_for(p, a, in, conv);
-        matvec_rows(p->k, a, conv, hidden, 0, (long)a->rows);
+        matvec_rows(p->k, a, conv, hidden, r0, r1);
     }
     if (p->kind == PREDICTOR_POWERINFER)
-        for (int64_t r = 0; r < a->rows; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
+        for (long r = r0; r < r1; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
+}
+
+void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv) {
     const weight *b = &p->b[layer];
     if (b->type == GGML_TYPE_F16)
         conv->f32 = hidden; /* predictor_rows' F16 gemv reads the F32 vector: nothing to convert */
     else
         convert_for(p, b, hidden, conv);
+}
+
+void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
+                       act_vec *conv) {
+    predictor_hidden_rows(p, layer, residual, ffn_in, 0, predictor_rank(p, layer), hidden, conv);
+    predictor_hidden_done(p, layer, hidden, conv);
 }
 
 void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits) {

@@ -74,6 +74,16 @@ void predictor_logits(predictor *p, int layer, const float *residual, const floa
 void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
                        act_vec *conv);
 void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0, long i1, float *logits);
+/* predictor_prepare in parts, for processes that share the first stage: the
+ * layer's hidden vector has predictor_rank entries; predictor_hidden_rows
+ * computes entries [r0, r1) of it (each entry's bits do not depend on the
+ * split; conv is scratch), and once every entry is in place
+ * predictor_hidden_done converts it for predictor_rows (conv may then point
+ * into hidden). */
+long predictor_rank(const predictor *p, int layer);
+void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
+                           long r1, float *hidden, act_vec *conv);
+void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv);
 /* Weight bytes of one neuron's second-stage row, and of a layer's first stage. */
 uint64_t predictor_row_bytes(const predictor *p, int layer);
 uint64_t predictor_stage1_bytes(const predictor *p, int layer);

@@ -323,6 +323,34 @@ static void test_gemv(const kernels *k) {
     }
 }
 
+/* dot_f16_rows equals the set's own dot_f16 on every row, bit for bit
+ * (attention's V . p uses the one, other F16 dots the other), for rows and
+ * lengths around its groups of 8 rows and the 64-element steps */
+static void test_dot_f16_rows(const kernels *k) {
+    const int lengths[] = {1, 31, 32, 33, 63, 64, 96, 127, 160};
+    enum { MAX_ROWS = 9, MAX_LEN = 160, MAX_STRIDE = MAX_LEN + 7 };
+    static uint16_t w[MAX_ROWS * MAX_STRIDE], x[MAX_LEN];
+    float out[MAX_ROWS + 1], want;
+    for (int li = 0; li < COUNT(lengths); li++)
+        for (int rows = 1; rows <= MAX_ROWS; rows++) {
+            const int n = lengths[li];
+            const size_t stride = (size_t)n + 1 + rng_u32() % 7;
+            /* magnitudes from subnormal to large, so sums round and cancel */
+            for (size_t i = 0; i < stride * (size_t)rows; i++)
+                w[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            for (int i = 0; i < n; i++) x[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            out[rows] = 12345.0f;
+            k->dot_f16_rows(w, stride, rows, x, n, out);
+            int bad = 0;
+            for (int r = 0; r < rows; r++) {
+                want = k->dot_f16(w + (size_t)r * stride, x, n);
+                bad += memcmp(&out[r], &want, sizeof want) != 0;
+            }
+            CHECK(bad == 0 && out[rows] == 12345.0f, "%s dot_f16_rows n=%d rows=%d: %d rows differ from dot_f16 (or wrote past rows)",
+                  k->name, n, rows, bad);
+        }
+}
+
 /* softmax exponentials and SwiGLU against libm within a few ulp (ggml's vector
  * exp is within 1.5 ulp of exp), and exp(-inf) = 0 for masked scores */
 static void test_activation_kernels(const kernels *k) {
@@ -397,6 +425,7 @@ int main(void) {
         test_float_kernels(sets[i]);
         test_quantized_kernels(sets[i]);
         test_gemv(sets[i]);
+        test_dot_f16_rows(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);
     }

@@ -1,7 +1,10 @@
 /* The predictor gemv (lib/pred_gemv.h): the AVX2 and AVX-512 versions give
- * the scalar reference's bits, for row counts around their row blocking and
- * lengths around the 16-lane groups; and the scalar reference is a dot
- * product (checked against a double-precision sum). */
+ * the scalar reference's bits, for row counts around their row blocking (1 to
+ * 40 rows: full and partial passes), lengths around the 16- and 32-element
+ * steps up to and past the first stage's 4096 (where AVX-512 changes its
+ * row grouping), and contiguous, padded and odd row strides; they write no
+ * result past the last row; and the scalar reference is a dot product
+ * (checked against a double-precision sum). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +15,9 @@
 #include "synth_rng.h"
 #include "test.h"
 
-#define MAX_ROWS 11
-#define MAX_N 1040
+#define MAX_ROWS 40
+#define MAX_N 4113
+#define MAX_PAD 8 /* elements between rows */
 
 static void fill(uint16_t *w, size_t count, float *x, int n, uint64_t seed) {
     synth_rng rng = synth_stream(seed, 0);
@@ -22,23 +26,24 @@ static void fill(uint16_t *w, size_t count, float *x, int n, uint64_t seed) {
 }
 
 int main(void) {
-    static const int lengths[] = {1, 7, 15, 16, 17, 31, 32, 33, 128, 130, 1024, 1031};
+    static const int lengths[] = {1, 7, 15, 16, 17, 31, 32, 33, 47, 48, 128, 130, 1024, 1031, 4096, 4113};
+    static const int pads[] = {0, 1, MAX_PAD}; /* contiguous, odd and padded strides */
     const struct {
         const char *name;
         pred_gemv_f16_fn fn;
     } isas[] = {{"avx2", pred_gemv_f16_avx2()}, {"avx512", pred_gemv_f16_avx512()}};
-    /* rows padded: a stride longer than the row, as a row of a wider matrix */
-    const size_t stride = (MAX_N + 8) * sizeof(uint16_t);
-    uint16_t *w = malloc(stride * MAX_ROWS);
-    float *x = malloc(sizeof(float) * MAX_N), ref[MAX_ROWS], got[MAX_ROWS];
+    const size_t max_stride = (MAX_N + MAX_PAD) * sizeof(uint16_t);
+    uint16_t *w = malloc(max_stride * MAX_ROWS);
+    float *x = malloc(sizeof(float) * MAX_N), ref[MAX_ROWS], got[MAX_ROWS + 1];
     int tested_isas = 0;
-    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
-        int n = lengths[l];
-        fill(w, stride / sizeof(uint16_t) * MAX_ROWS, x, n, 100 + (uint64_t)n);
-        for (int rows = 1; rows <= MAX_ROWS; rows++) {
-            pred_gemv_f16_scalar(w, stride, rows, x, n, ref);
+    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++)
+        for (size_t p = 0; p < sizeof pads / sizeof *pads; p++) {
+            const int n = lengths[l];
+            const size_t stride = (size_t)(n + pads[p]) * sizeof(uint16_t);
+            fill(w, stride / sizeof(uint16_t) * MAX_ROWS, x, n, 100 + (uint64_t)n + 7919 * p);
+            pred_gemv_f16_scalar(w, stride, MAX_ROWS, x, n, ref);
             double worst = 0;
-            for (int r = 0; r < rows; r++) {
+            for (int r = 0; r < MAX_ROWS; r++) {
                 const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)r * stride);
                 double exact = 0, mag = 0;
                 for (int i = 0; i < n; i++) {
@@ -47,17 +52,21 @@ int main(void) {
                 }
                 worst = fmax(worst, fabs(ref[r] - exact) / (mag + 1e-30));
             }
-            CHECK(worst < 1e-5, "scalar n=%d rows=%d: relative error %.3g against a double sum", n, rows, worst);
-            for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
-                if (!isas[k].fn) continue;
-                tested_isas |= 1 << k;
-                memset(got, 0xff, sizeof got);
-                isas[k].fn(w, stride, rows, x, n, got);
-                CHECK(!memcmp(got, ref, sizeof(float) * (size_t)rows), "%s n=%d rows=%d: not the scalar bits",
-                      isas[k].name, n, rows);
-            }
+            CHECK(worst < 1e-5, "scalar n=%d stride=%zu: relative error %.3g against a double sum", n, stride, worst);
+            /* each row's result depends on that row alone: the first `rows` of ref are the expected bits */
+            for (int rows = 1; rows <= MAX_ROWS; rows++)
+                for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+                    if (!isas[k].fn) continue;
+                    tested_isas |= 1 << k;
+                    memset(got, 0xff, sizeof got);
+                    isas[k].fn(w, stride, rows, x, n, got);
+                    CHECK(!memcmp(got, ref, sizeof(float) * (size_t)rows),
+                          "%s n=%d stride=%zu rows=%d: not the scalar bits", isas[k].name, n, stride, rows);
+                    uint32_t past;
+                    memcpy(&past, &got[rows], sizeof past);
+                    CHECK(past == 0xffffffffu, "%s n=%d rows=%d: wrote past the last row", isas[k].name, n, rows);
+                }
         }
-    }
     printf("pred_gemv: ISAs compared with scalar: %s%s\n", tested_isas & 1 ? "avx2 " : "", tested_isas & 2 ? "avx512" : "");
     CHECK(pred_gemv_f16_best() != NULL, "a best version");
     free(w);

@@ -2,7 +2,8 @@
  * For each ISA and weight type it dots every row of a matrix with one
  * activation vector and reports GB/s of weight bytes streamed, once for a
  * matrix that fits in L2 (compute bound) and once for one far larger than
- * the caches (memory bound). */
+ * the caches (memory bound). Then the same for the predictor gemv
+ * (pred_gemv.h) on the predictors' two shapes. */
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "f16.h"
 #include "kernels.h"
 #include "log.h"
+#include "pred_gemv.h"
 
 typedef struct {
     const char *name;
@@ -101,6 +103,57 @@ static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows,
         if (t < best) best = t;
     }
     return (double)rows * (double)row_bytes / best / 1e9;
+}
+
+/* the predictor gemv on one shape: GB/s of F16 weights in the fastest pass
+ * over `bytes` of w, one call per rows * row_stride bytes */
+static double measure_pred_gemv(pred_gemv_f16_fn fn, const uint8_t *w, size_t bytes, int rows, size_t row_stride,
+                                const float *x, int n, float *y, double min_seconds) {
+    const size_t call_bytes = (size_t)rows * row_stride, calls = bytes / call_bytes ? bytes / call_bytes : 1;
+    fn(w, row_stride, rows, x, n, y); /* warm-up */
+    double best = 1e30;
+    const double start = now_seconds();
+    for (int pass = 0; pass < 3 || now_seconds() - start < min_seconds; pass++) {
+        const double t0 = now_seconds();
+        for (size_t c = 0; c < calls; c++) fn(w + c * call_bytes, row_stride, rows, x, n, y);
+        const double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    sink = y[rows - 1];
+    return (double)(calls * call_bytes) / best / 1e9;
+}
+
+/* the predictors' first stage (rank rows of the hidden size) and second
+ * stage (many rows of the rank) on the F16 weights at w */
+static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, double min_seconds) {
+    enum { HIDDEN = 4096, RANK = 128 };
+    const struct {
+        const char *name;
+        int rows, n;
+    } shapes[] = {{"stage 1", RANK, HIDDEN}, {"stage 2", 512, RANK}};
+    const struct {
+        const char *name;
+        pred_gemv_f16_fn fn;
+    } isas[] = {{"avx2", pred_gemv_f16_avx2()}, {"avx512", pred_gemv_f16_avx512()}}; /* scalar: too slow to stream */
+    static float x[HIDDEN], y[512];
+    for (int i = 0; i < HIDDEN; i++) x[i] = rng_float();
+    fill_weights(KIND_F16, w, big_bytes / (HIDDEN * 2) * (HIDDEN * 2), HIDDEN * 2, HIDDEN);
+    printf("\npredictor gemv (F16 rows, contiguous)\n%-22s %-12s %12s %14s\n", "shape", "isa", "cache GB/s",
+           "memory GB/s");
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s %dx%d", shapes[s].name, shapes[s].rows, shapes[s].n);
+        const size_t stride = (size_t)shapes[s].n * 2;
+        for (size_t i = 0; i < sizeof isas / sizeof *isas; i++) {
+            if (!isas[i].fn) continue;
+            const double in_cache =
+                measure_pred_gemv(isas[i].fn, w, cache_bytes, shapes[s].rows, stride, x, shapes[s].n, y, min_seconds);
+            const double in_memory =
+                measure_pred_gemv(isas[i].fn, w, big_bytes, shapes[s].rows, stride, x, shapes[s].n, y, min_seconds);
+            printf("%-22s %-12s %12.2f %14.2f\n", name, isas[i].name, in_cache, in_memory);
+            fflush(stdout);
+        }
+    }
 }
 
 static void usage(FILE *out, const char *prog) {
@@ -205,6 +258,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
+    bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     free(gemv_out);
     free(w);
     free(x8);
