@@ -97,6 +97,8 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         t.head_begin = output ? 0 : (uint32_t)(ws.kvh_begin * group);
         t.head_end = output ? 0 : (uint32_t)(ws.kvh_end * group);
         t.epoch = c->epoch;
+        /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
+        t.quiet = l + 1 < c->step.n_tasks;
         if (!output) {
             t.ffn_mode = (Pi2__FfnMode)(mode + 1);
             cluster.layer = (uint32_t)l;

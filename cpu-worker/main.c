@@ -121,7 +121,7 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
         return;
     }
     if ((int)t->layer == w->sv->m.n_layer) atomic_fetch_add(&w->link->row->tokens_served, 1);
-    reply(w, req, PI2__TASK_STATUS__TASK_OK, took);
+    if (!t->quiet) reply(w, req, PI2__TASK_STATUS__TASK_OK, took);
 }
 
 int main(int argc, char **argv) {
