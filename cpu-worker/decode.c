@@ -27,6 +27,8 @@ struct decoder {
     float *q, *kv_k, *kv_v;       /* [n_embd], [kv_dim], [kv_dim]: only own rows are written */
     float *proj;                  /* [n_embd]: own rows of Wo / down before the residual add */
     uint16_t *q16;                /* [n_embd] */
+    float *rope_cs;               /* [head_dim]: rope_angles at rope_pos (-1: none yet) */
+    int rope_pos;
     float *scores;                /* [n_head][n_ctx], indexed by absolute head as attention_heads wants */
     uint16_t *probs16;            /* [n_head][n_ctx] */
     act_vec in;                   /* conversions of the current input, up to max(n_embd, n_ff) */
@@ -148,8 +150,12 @@ static void step_attention(decoder *d, int l, int pos) {
     convert(d, d->xb, m->n_embd, &w->wq, &w->wk, &w->wv);
     run_rows(d, 3, (row_span){&w->wq, d->q, q0, q1}, (row_span){&w->wk, d->kv_k, c0, c1},
              (row_span){&w->wv, d->kv_v, c0, c1});
-    rope(d->q + q0, (int)(d->qh_end - d->qh_begin), (int)hd, pos, m->rope_base);
-    rope(d->kv_k + c0, (int)(d->share.kvh_end - d->share.kvh_begin), (int)hd, pos, m->rope_base);
+    if (pos != d->rope_pos) { /* every layer of a token rotates by the same angles */
+        rope_angles(d->rope_cs, (int)hd, pos, m->rope_base);
+        d->rope_pos = pos;
+    }
+    rope_apply(d->q + q0, (int)(d->qh_end - d->qh_begin), (int)hd, d->rope_cs);
+    rope_apply(d->kv_k + c0, (int)(d->share.kvh_end - d->share.kvh_begin), (int)hd, d->rope_cs);
     kv_layer kv = stack_kv_layer(d->sv, l);
     store_own_kv(d, &kv, pos);
     d->k->f32_to_f16_row(d->q + q0, d->q16 + q0, (int)(q1 - q0));
@@ -359,6 +365,8 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->kv_v = alloc_zero((size_t)d->kv_dim, sizeof(float), &bad);
     d->proj = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
     d->q16 = alloc_zero((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    d->rope_cs = alloc_zero((size_t)m->head_dim, sizeof(float), &bad);
+    d->rope_pos = -1;
     d->scores = alloc_zero((size_t)m->n_head * n_ctx, sizeof(float), &bad);
     d->probs16 = alloc_zero((size_t)m->n_head * n_ctx, sizeof(uint16_t), &bad);
     d->in.f16 = alloc_zero(wide, sizeof(uint16_t), &bad);
@@ -392,7 +400,7 @@ void decoder_free(decoder *d) {
         for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);
     free(d->scratch);
     pool_free(d->pool);
-    free(d->xb); free(d->q); free(d->kv_k); free(d->kv_v); free(d->proj); free(d->q16);
+    free(d->xb); free(d->q); free(d->kv_k); free(d->kv_v); free(d->proj); free(d->q16); free(d->rope_cs);
     free(d->scores); free(d->probs16); free(d->in.f16); free(d->in.q8);
     free(d);
 }

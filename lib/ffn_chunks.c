@@ -215,7 +215,11 @@ void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list,
     }
 }
 
-#define REDUCE_BLOCK 256 /* rows summed at once: the chunk loop runs outside, over contiguous rows */
+/* Rows summed at once: the chunk loop runs outside, over contiguous rows. A
+ * 7B worker's 2048 rows in one block read each partial as one 8 KiB stream
+ * (written by the other workers' cores): 0.51-0.56 ms per token in the
+ * stack's reduce step against 0.78-0.86 with blocks of 256. */
+#define REDUCE_BLOCK 2048
 
 void ffn_reduce_rows(const model *m, const float *partials, const float *residual, float *out, long r0, long r1) {
     const int n_chunks = ffn_chunk_count(m);

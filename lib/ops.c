@@ -51,19 +51,31 @@ void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-void rope(float *v, int n_heads, int head_dim, int pos, float base) {
-    float theta_scale = powf(base, -2.0f / (float)head_dim);
+void rope_angles(float *cs, int head_dim, int pos, float base) {
+    float theta_scale = powf(base, -2.0f / (float)head_dim), theta = (float)pos;
+    for (int i = 0; i < head_dim; i += 2) {
+        cs[i] = cosf(theta);
+        cs[i + 1] = sinf(theta);
+        theta *= theta_scale;
+    }
+}
+
+void rope_apply(float *v, int n_heads, int head_dim, const float *cs) {
     for (int h = 0; h < n_heads; h++) {
         float *p = v + (size_t)h * head_dim;
-        float theta = (float)pos;
         for (int i = 0; i < head_dim; i += 2) {
-            float c = cosf(theta), s = sinf(theta), a = p[i], b = p[i + 1];
+            float c = cs[i], s = cs[i + 1], a = p[i], b = p[i + 1];
             /* as ggml compiles it: gcc contracts the first product of each line into an FMA */
             p[i] = fmaf(a, c, -(b * s));
             p[i + 1] = fmaf(a, s, b * c);
-            theta *= theta_scale;
         }
     }
+}
+
+void rope(float *v, int n_heads, int head_dim, int pos, float base) {
+    float cs[head_dim]; /* head_dim <= n_embd, checked at load */
+    rope_angles(cs, head_dim, pos, base);
+    rope_apply(v, n_heads, head_dim, cs);
 }
 
 void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {

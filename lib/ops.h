@@ -31,6 +31,11 @@ void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, fl
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* GGUF llama RoPE: adjacent pairs, angles by repeated multiplication as ggml does. */
 void rope(float *v, int n_heads, int head_dim, int pos, float base);
+/* The same in two steps, for callers that rotate many heads at one position:
+ * cs[head_dim] = cos, sin of each pair's angle at pos (the same for every head
+ * and layer), then the rotation of n_heads heads by them. */
+void rope_angles(float *cs, int head_dim, int pos, float base);
+void rope_apply(float *v, int n_heads, int head_dim, const float *cs);
 
 /* One layer's F16 KV cache: K as [n_ctx][kv_dim], V transposed as [kv_dim][n_ctx]. */
 typedef struct {
