@@ -78,7 +78,8 @@ static void rows_worker(void *ctx, int ith, int nth) {
     long begin, end, base = 0, a0 = 0, a1 = 0, done = 0;
     pool_split(total, ith, nth, &begin, &end);
     if (j->ahead) pool_split((long)j->ahead->total, ith, nth, &a0, &a1);
-    const long slice = j->ahead && a1 > a0 ? AHEAD_SLICE_ROWS : total;
+    const bool fetch = j->ahead && a1 > a0;
+    const long slice = fetch ? AHEAD_SLICE_ROWS : total;
     for (int i = 0; i < j->n; i++) {
         const row_span *s = &j->s[i];
         long rows = s->r1 - s->r0;
@@ -86,7 +87,7 @@ static void rows_worker(void *ctx, int ith, int nth) {
         for (long r = lo; r < hi; r += slice) {
             const long e = r + slice < hi ? r + slice : hi;
             matvec_rows(j->d->k, s->w, &j->d->in, s->out, s->r0 + r, s->r0 + e);
-            if (slice == total) continue;
+            if (!fetch) continue;
             const long from = a0 + (a1 - a0) * done / (end - begin);
             done += e - r;
             prefetch_stream_range(j->ahead, (size_t)from, (size_t)(a0 + (a1 - a0) * done / (end - begin)));
@@ -136,8 +137,7 @@ typedef struct {
 static void chunks_worker(void *ctx, int ith, int nth) {
     chunks_job *j = ctx;
     decoder *d = j->d;
-    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, ffn_chunks_per_take(j->n_chunks, nth), d->partials,
-                    &d->scratch[ith], NULL, NULL);
+    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, nth, d->partials, &d->scratch[ith], NULL, NULL);
 }
 
 /* ---- the steps ---- */

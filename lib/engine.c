@@ -55,6 +55,7 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     e->scores = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
     e->probs16 = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
     e->q16 = engine_xcalloc((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    e->rope_cs = engine_xcalloc((size_t)m->head_dim, sizeof(float), &bad);
     int nth = e->n_threads = e->pool ? pool_size(e->pool) : 1;
     e->partials = engine_xcalloc((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
     e->scratch = engine_xcalloc((size_t)nth, sizeof *e->scratch, &bad);
@@ -90,7 +91,7 @@ void engine_free(engine *e) {
     pool_free(e->pool);
     free(e->k_cache); free(e->v_cache);
     free(e->x); free(e->xb); free(e->q); free(e->kv_k); free(e->kv_v); free(e->att_out);
-    free(e->hb); free(e->logits); free(e->scores); free(e->probs16); free(e->q16);
+    free(e->hb); free(e->logits); free(e->scores); free(e->probs16); free(e->q16); free(e->rope_cs);
     free(e->gate_pre); free(e->in.f16); free(e->in.q8);
     if (e->scratch)
         for (int t = 0; t < e->n_threads; t++) ffn_scratch_free(&e->scratch[t]);
@@ -240,12 +241,9 @@ static void chunks_worker(void *ctx, int ith, int nth) {
     engine *e = j->e;
     const model *m = e->m;
     uint32_t *counts = e->fire_counts ? e->fire_counts + (size_t)j->f.layer * m->n_ff : NULL;
-    const int n = ffn_chunk_count(m);
-    ffn_chunks_take(&j->f, &j->next, NULL, n, ffn_chunks_per_take(n, nth), e->partials, &e->scratch[ith],
+    ffn_chunks_take(&j->f, &j->next, NULL, ffn_chunk_count(m), nth, e->partials, &e->scratch[ith],
                     &e->chunk_stats[ith], counts);
 }
-
-static uint64_t weight_bytes(const weight *w) { return (uint64_t)w->rows * w->row_bytes; }
 
 /* ---- the forward pass ---- */
 
@@ -254,8 +252,8 @@ static void attention_block(engine *e, int l, int pos) {
     const layer_weights *w = &m->layers[l];
     rmsnorm(e->xb, e->x, w->attn_norm, m->n_embd, m->rms_eps);
     engine_matvec(e, e->xb, m->n_embd, 3, &w->wq, e->q, &w->wk, e->kv_k, &w->wv, e->kv_v);
-    rope(e->q, m->n_head, m->head_dim, pos, m->rope_base);
-    rope(e->kv_k, m->n_head_kv, m->head_dim, pos, m->rope_base);
+    rope_apply(e->q, m->n_head, m->head_dim, e->rope_cs);
+    rope_apply(e->kv_k, m->n_head_kv, m->head_dim, e->rope_cs);
     kv_layer kv = engine_layer_cache(e, l);
     kv_store(e->k, &kv, pos, e->kv_k, e->kv_v);
     e->k->f32_to_f16_row(e->q, e->q16, m->n_embd);
@@ -315,6 +313,7 @@ float *engine_forward(engine *e, int token, int pos) {
     dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)token * m->tok_embd.row_bytes, e->x,
                    m->n_embd);
     memset(&e->stats, 0, sizeof e->stats);
+    rope_angles(e->rope_cs, m->head_dim, pos, m->rope_base);
     for (int l = 0; l < m->n_layer; l++) {
         attention_block(e, l, pos);
         engine_ffn_block(e, l, pos);

@@ -24,6 +24,7 @@ struct engine {
     float *scores;       /* [n_head][n_ctx] */
     uint16_t *probs16;   /* [n_head][n_ctx] */
     uint16_t *q16;       /* [n_embd] */
+    float *rope_cs;      /* [head_dim]: rope_angles at the position being decoded (every layer's) */
     act_vec in;          /* conversion buffers sized for max(n_embd, n_ff) */
     uint32_t *fire_counts;
     ffn_observer observer;

@@ -105,10 +105,7 @@ static int activate_and_keep(const ffn_layer *f, int32_t *idx, float *g, const f
     if (m->act == FFN_SILU) f->k->silu_mul(g, g, u, n);
     int kept = 0;
     for (int k = 0; k < n; k++) {
-        float h;
-        if (m->act == FFN_SILU) h = g[k];
-        else if (m->act == FFN_RELU) h = g[k] > 0 ? g[k] * u[k] : 0.0f;
-        else h = g[k] > 0 && u[k] > 0 ? g[k] * u[k] : 0.0f;
+        const float h = m->act == FFN_SILU ? g[k] : ffn_act_relu(m->act, g[k], u[k]);
         if (h == 0.0f) continue;
         idx[kept] = idx[k];
         g[kept++] = h;
@@ -198,16 +195,18 @@ void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, flo
     }
 }
 
-int ffn_chunks_per_take(int n, int nth) {
-    if (nth <= 1) return n > 0 ? n : 1;
-    int k = n / (2 * nth);
-    return k > 0 ? k : 1;
+#define TAKE_MAX 64 /* chunks one take may hold */
+
+/* How many chunks a thread takes at once (ffn_chunks_take). */
+static int chunks_per_take(int n, int nth) {
+    int k = nth <= 1 ? n : n / (2 * nth);
+    return k < 1 ? 1 : k > TAKE_MAX ? TAKE_MAX : k;
 }
 
-void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int per_take,
-                     float *partials, ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts) {
-    int32_t batch[FFN_TAKE_MAX];
-    if (per_take > FFN_TAKE_MAX) per_take = FFN_TAKE_MAX;
+void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int nth, float *partials,
+                     ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts) {
+    int32_t batch[TAKE_MAX];
+    const int per_take = chunks_per_take(n, nth);
     for (int i; (i = atomic_fetch_add(next, per_take)) < n;) {
         const int k = n - i < per_take ? n - i : per_take;
         for (int j = 0; j < k; j++) batch[j] = list ? list[i + j] : i + j;

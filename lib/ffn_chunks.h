@@ -65,7 +65,8 @@ typedef struct {
      * row 0 is its first neuron (a worker holding only its own chunks' rows) */
     const weight *down_t_chunks;
     const predictor *pred;        /* FFN_PREDICTOR */
-    const act_vec *pred_hidden;   /* FFN_PREDICTOR: predictor_prepare's output for this layer */
+    const act_vec *pred_hidden;   /* FFN_PREDICTOR: this layer's hidden vector as predictor_prepare (or
+                                   * predictor_hidden_done) converted it */
 } ffn_layer;
 
 /* One thread's scratch: idx, a, b hold up to n_ff neurons (a batch of
@@ -94,18 +95,13 @@ typedef struct {
 void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
                     ffn_chunk_stats *st, uint32_t *counts);
 
-#define FFN_TAKE_MAX 64 /* chunks one take may hold */
-
-/* How many chunks a thread takes at once out of n shared by nth threads: all
- * of them alone; else about half a thread's share, long gathers that still
- * leave the threads something to balance. */
-int ffn_chunks_per_take(int n, int nth);
-
-/* The loop each thread of a pool runs: takes the next per_take entries of
+/* The loop each of the nth threads of a pool runs: takes the next entries of
  * list (list NULL: chunks 0 .. n-1) from the shared counter until none is
- * left, and runs them into partials[chunk][n_embd]. */
-void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int per_take,
-                     float *partials, ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts);
+ * left, and runs them into partials[chunk][n_embd]. A thread alone takes
+ * them all at once; several take about half a share at a time: long
+ * gathers that still leave the threads something to balance. */
+void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list, int n, int nth, float *partials,
+                     ffn_scratch *s, ffn_chunk_stats *st, uint32_t *counts);
 
 /* out[r] = residual[r] + (partials[0][r] + partials[1][r] + ...), chunk order,
  * for rows [r0, r1); partials is [ffn_chunk_count(m)][n_embd]. */

@@ -257,7 +257,7 @@ void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
-static uint64_t weight_bytes(const weight *w) { return w->data ? (uint64_t)w->rows * w->row_bytes : 0; }
+uint64_t weight_bytes(const weight *w) { return w->data ? (uint64_t)w->rows * w->row_bytes : 0; }
 
 uint64_t model_bytes_per_token(const model *m) {
     uint64_t total = weight_bytes(&m->output) + (uint64_t)m->tok_embd.row_bytes;

@@ -22,6 +22,12 @@ typedef enum {
 
 const char *ffn_act_name(ffn_act a);
 
+/* The activation of a ReLU-family FFN (FFN_RELU, FFN_RELU2) from a neuron's gate and up values. */
+static inline float ffn_act_relu(ffn_act a, float g, float u) {
+    if (a == FFN_RELU) return g > 0 ? g * u : 0.0f;
+    return g > 0 && u > 0 ? g * u : 0.0f;
+}
+
 /* A 2-D weight: `rows` rows of `cols` elements, each row `row_bytes` long. */
 typedef struct {
     const void *data;
@@ -29,6 +35,8 @@ typedef struct {
     int64_t rows, cols;
     size_t row_bytes;
 } weight;
+
+uint64_t weight_bytes(const weight *w); /* rows * row_bytes; 0 for an absent weight */
 
 typedef struct {
     float *attn_norm, *ffn_norm;             /* [n_embd], F32 copies */

@@ -147,15 +147,9 @@ void ffn_act_rows_with(const kernels *k, const model *m, const layer_weights *w,
         const long e = c + FFN_CHUNK < i1 ? c + FFN_CHUNK : i1;
         rows(k, &w->gate, in, g, c, e);
         rows(k, &w->up, in, u, c, e);
-        switch (m->act) {
-        case FFN_SILU: silu(k, hb + c, g, u, c, e, m->n_ff); break;
-        case FFN_RELU:
-            for (long i = c; i < e; i++) hb[i] = g[i - c] > 0 ? g[i - c] * u[i - c] : 0.0f;
-            break;
-        default:
-            for (long i = c; i < e; i++) hb[i] = g[i - c] > 0 && u[i - c] > 0 ? g[i - c] * u[i - c] : 0.0f;
-            break;
-        }
+        if (m->act == FFN_SILU) silu(k, hb + c, g, u, c, e, m->n_ff);
+        else
+            for (long i = c; i < e; i++) hb[i] = ffn_act_relu(m->act, g[i - c], u[i - c]);
         if (counts)
             for (long i = c; i < e; i++) counts[i] += hb[i] != 0.0f;
     }

@@ -4,7 +4,6 @@
 #include "predictor.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,14 +204,12 @@ float predictor_gate_cut(const predictor *p, int layer) { return p->gate_cut[lay
 uint64_t predictor_bytes_per_token(const predictor *p) {
     uint64_t total = 0;
     for (int l = 0; l < p->m->n_layer; l++)
-        total += (uint64_t)p->a[l].rows * p->a[l].row_bytes + (uint64_t)p->b[l].rows * p->b[l].row_bytes;
+        total += weight_bytes(&p->a[l]) + weight_bytes(&p->b[l]);
     return total;
 }
 
 uint64_t predictor_row_bytes(const predictor *p, int layer) { return p->b[layer].row_bytes; }
-uint64_t predictor_stage1_bytes(const predictor *p, int layer) {
-    return (uint64_t)p->a[layer].rows * p->a[layer].row_bytes;
-}
+uint64_t predictor_stage1_bytes(const predictor *p, int layer) { return weight_bytes(&p->a[layer]); }
 
 /* conv = x converted as w's type needs. */
 static void convert_for(const predictor *p, const weight *w, const float *x, act_vec *conv) {

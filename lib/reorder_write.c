@@ -1,7 +1,6 @@
 /* Hot-neuron layout: writing the renumbered copy of a model file, tensor by
  * tensor, with the per-neuron tensors gathered through a bounded buffer. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -24,6 +24,7 @@
 #include "mkmodel_run.h"
 #include "test.h"
 #include "tokenizer.h"
+#include "sampler.h"
 
 /* Short prompts (2-9 tokens in mkmodel's vocabulary) so that most teacher-forced
  * steps follow dense's generated tokens; the budget ends inside the last prompt. */
@@ -48,13 +49,6 @@ static predictor_agree_opts opts(int n_tokens, int free_gen) {
 
 static void set_all_thresholds(predictor *p, const model *m, float tau) {
     for (int l = 0; l < m->n_layer; l++) predictor_set_threshold(p, l, tau);
-}
-
-static int argmax(const float *v, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
 }
 
 static void check_ranges(const char *label, const predictor_agreement *a, int free_gen) {

@@ -20,6 +20,7 @@
 #include "synth_rng.h"
 #include "mkmodel_run.h"
 #include "test.h"
+#include "sampler.h"
 
 static char tmpdir[256];
 
@@ -103,13 +104,6 @@ static void check_tensors(const char *tag, const model *m, const model *r, const
     CHECK(down_ok, "%s: ffn_down columns / ffn_down_t rows are the originals in the new order", tag);
     CHECK(pred_ok, "%s: fc2 rows moved, fc1 unchanged", tag);
     CHECK(rest_ok, "%s: attention, norms, embeddings unchanged", tag);
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
 }
 
 /* Greedy decode of both models side by side: same tokens, logits within rounding. */

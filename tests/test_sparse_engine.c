@@ -25,6 +25,7 @@
 #include "predictor.h"
 #include "mkmodel_run.h"
 #include "test.h"
+#include "sampler.h"
 
 /* Largest |logit difference| / max |dense logit| allowed. Both paths compute
  * hb bit for bit and differ in the down projection only:
@@ -46,13 +47,6 @@ static char tmpdir[64];
 
 static int mkmodel(const char *name, const char *flags, char *path, size_t cap) {
     return mkmodel_run(tmpdir, name, flags, path, cap);
-}
-
-static int argmax(const float *v, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
 }
 
 static const int prompts[][6] = {{1, 72, 300, 45, 200, 9}, {1, 400, 13, 0, 0, 0}, {1, 0, 0, 0, 0, 0}};
