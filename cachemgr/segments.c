@@ -3,6 +3,7 @@
  * prefaulted (the token path touches them); weights are only reserved, since
  * the io-worker's reads overwrite every page anyway and prefaulting them
  * costs more than the load. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +66,17 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Whether the segment is on 2 MiB pages (shm.h): decode reads scattered
+ * weight rows, and 4 KiB pages make most of them a TLB miss. */
+static void log_huge_pages(const char *name, const shm_segment *seg) {
+    double seconds;
+    int err = shm_huge_pages(seg, &seconds);
+    if (!err) log_info("%s: on 2 MiB pages (moved in %.2f s)", name, seconds);
+    else if (shm_size(seg) >= (2u << 20))
+        log_warn("%s: %s on 4 KiB pages (MADV_COLLAPSE: %s, %.2f s): scattered reads will be slower", name,
+                 err == EINVAL ? "all" : "partly", strerror(err), seconds);
+}
+
 static shm_segment *create(const char *name, const segment_spec *s, double *prefault_s, uint64_t *bytes) {
     double t0 = now_seconds();
     shm_segment *seg = shm_create(name, s->kind, s->regions, s->n, SHM_CREATE_REPLACE | s->create_flags);
@@ -72,6 +84,7 @@ static shm_segment *create(const char *name, const segment_spec *s, double *pref
         log_error("create %s: %s", name, shm_last_error());
         return NULL;
     }
+    log_huge_pages(name, seg);
     if (s->create_flags & SHM_CREATE_NO_PREFAULT) {
         log_info("%s: %.3f GB reserved, not prefaulted, in %.3f s", name, (double)shm_size(seg) / 1e9,
                  now_seconds() - t0);

@@ -1,11 +1,16 @@
 #include "decode.h"
 
+#include <immintrin.h>
 #include <stdatomic.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "chunk_queue.h"
 #include "kernels.h"
 #include "log.h"
+#include "phase_clock.h"
 #include "predictor.h"
 #include "prefetch_stream.h"
 #include "sparse_kernels.h"
@@ -40,10 +45,15 @@ struct decoder {
     int n_threads;
     weight *down_t;               /* [n_layer][n_chunks]: built rows of own chunks (rows 0 elsewhere), or NULL */
     int n_chunks;
+    void *queues;                 /* act region: every worker's chunk_queue */
+    bool steal;                   /* the chunks' rows are in the shared segment: take other workers' chunks */
+    _Atomic uint64_t stolen;      /* chunks taken from other workers' queues */
+    long chunk_delay_us;          /* PI2_CHUNK_DELAY: sleep after each batch of own chunks (a slow core) */
     predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
     prefetch_stream pred_ahead;   /* the predictor rows this worker reads in the layer's FFN */
+    phase_clock clock;
 };
 
 /* ---- parallel jobs ---- */
@@ -125,19 +135,58 @@ static void ffn_worker(void *ctx, int ith, int nth) {
                  d->share.ff_begin + i1, NULL);
 }
 
-/* The chunks of a task, taken in turn by the threads. */
+/* A task's chunks: this worker's queue, taken by its threads, then (when
+ * the rows are shared) what is left in the other workers' queues. */
 typedef struct {
     decoder *d;
     ffn_layer f;
-    const int32_t *chunks;
-    int n_chunks;
-    _Atomic int next;
+    uint32_t tag, epoch;
 } chunks_job;
+
+/* How much of what is left in its queue a thread takes at once: all, for a
+ * thread alone that nobody takes from (one gather over its chunks); else
+ * about half a share, which leaves something to balance at the end. */
+static int take_divisor(const decoder *d, int nth) { return nth == 1 && !d->steal ? 1 : 2 * nth; }
+
+/* Takes and runs other workers' chunks, one at a time, until every queue of
+ * this step is empty; waits for a worker that has not published its queue
+ * yet (it passed the same barrier, so it is about to). */
+static void steal_chunks(chunks_job *j, float *partials, ffn_scratch *scratch) {
+    decoder *d = j->d;
+    for (unsigned spins = 0;;) {
+        bool took = false, pending = false;
+        for (int v = 1; v < d->n_workers && !took; v++) {
+            int32_t chunk;
+            int r = chunk_queue_steal(chunk_queue_at(d->queues, d->n_chunks, (d->index + v) % d->n_workers), j->tag,
+                                      &chunk);
+            if (r == 1) {
+                ffn_chunks_run(&j->f, &chunk, 1, partials, scratch, NULL, NULL);
+                if (atomic_fetch_add(&d->stolen, 1) == 0)
+                    log_info("took layer %d's chunk %d from cpu-worker.%d (the first; the count is logged at exit)",
+                             j->f.layer, chunk, (d->index + v) % d->n_workers);
+                took = true;
+            }
+            pending |= r < 0;
+        }
+        if (!took && !pending) return;
+        if (!took) {
+            if ((uint32_t)atomic_load(&d->ctl->epoch) != j->epoch) return; /* abandoned: the barrier reports it */
+            if (++spins < 2000) _mm_pause();
+            else sched_yield(); /* the worker we wait for may share our core */
+        }
+    }
+}
 
 static void chunks_worker(void *ctx, int ith, int nth) {
     chunks_job *j = ctx;
     decoder *d = j->d;
-    ffn_chunks_take(&j->f, &j->next, j->chunks, j->n_chunks, nth, d->partials, &d->scratch[ith], NULL, NULL);
+    chunk_queue *own = chunk_queue_at(d->queues, d->n_chunks, d->index);
+    const int32_t *taken;
+    for (int k; (k = chunk_queue_take(own, j->tag, take_divisor(d, nth), &taken)) > 0;) {
+        ffn_chunks_run(&j->f, taken, k, d->partials, &d->scratch[ith], NULL, NULL);
+        if (d->chunk_delay_us) usleep((useconds_t)d->chunk_delay_us);
+    }
+    if (d->steal) steal_chunks(j, d->partials, &d->scratch[ith]);
 }
 
 /* ---- the steps ---- */
@@ -147,8 +196,13 @@ static void convert(decoder *d, const float *x, int n, const weight *w0, const w
     act_convert_for(d->k, &d->in, x, n, ws, w2 ? 3 : w1 ? 2 : 1);
 }
 
-static int barrier(decoder *d, uint32_t epoch) {
-    return ctl_barrier_wait(d->ctl, epoch, d->n_workers, DECODE_BARRIER_TIMEOUT_MS);
+/* Ends step `step` (timed), then waits for the other workers: the wait is
+ * timed as the phase after it (phase_clock.h lists each step's wait next). */
+static int barrier(decoder *d, uint32_t epoch, decode_phase step) {
+    phase_clock_lap(&d->clock, step);
+    int rc = ctl_barrier_wait(d->ctl, epoch, d->n_workers, DECODE_BARRIER_TIMEOUT_MS);
+    phase_clock_lap(&d->clock, step + 1);
+    return rc;
 }
 
 /* Stores this worker's KV heads at pos. kv_store writes a whole kv_dim
@@ -245,7 +299,7 @@ static int share_predictor_hidden(decoder *d, const decode_step *s) {
     long r0, r1;
     own_hidden_rows(d, l, &r0, &r1);
     predictor_hidden_rows(d->pred, l, d->x_mid, d->xb, r0, r1, d->hb, &d->pred_conv);
-    if (barrier(d, s->epoch)) return -1;
+    if (barrier(d, s->epoch, PHASE_PRED_HIDDEN)) return -1;
     predictor_hidden_done(d->pred, l, d->hb, &d->pred_conv);
     return 0;
 }
@@ -258,9 +312,11 @@ static int step_ffn_chunks(decoder *d, const decode_step *s) {
     rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
     chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv},
-                    s->chunks, s->n_chunks, 0};
+                    0, s->epoch};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
+    j.tag = ctl_barrier_tag(d->ctl); /* after the step's last barrier: the same in every worker */
+    chunk_queue_publish(chunk_queue_at(d->queues, d->n_chunks, d->index), j.tag, s->chunks, s->n_chunks);
     pool_run(d->pool, chunks_worker, &j);
     return 0;
 }
@@ -301,24 +357,33 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
 
 int decoder_run(decoder *d, const decode_step *s) {
     const int layer = s->layer;
+    phase_clock_start(&d->clock);
     if (layer == d->m->n_layer) {
         step_output(d);
+        phase_clock_lap(&d->clock, PHASE_OUTPUT);
         return 0;
     }
     bool chunked = decoder_ffn_chunked(d, s->mode);
     step_attention(d, s);
-    if (barrier(d, s->epoch)) return -1;
+    if (barrier(d, s->epoch, PHASE_ATTENTION)) return -1;
     step_attn_output(d, layer);
-    if (barrier(d, s->epoch)) return -1;
+    if (barrier(d, s->epoch, PHASE_ATTN_OUT)) return -1;
     if (chunked) {
         if (step_ffn_chunks(d, s)) return -1;
     } else {
         step_ffn_act(d, layer);
     }
-    if (barrier(d, s->epoch)) return -1;
+    if (barrier(d, s->epoch, PHASE_FFN)) return -1;
     if (chunked) step_ffn_reduce(d, layer);
     else step_ffn_down(d, layer);
-    return barrier(d, s->epoch); /* the next layer reads every row of x_layers[layer + 1] */
+    return barrier(d, s->epoch, PHASE_FFN_OUT); /* the next layer reads every row of x_layers[layer + 1] */
+}
+
+void decoder_set_chunk_delay(decoder *d, long us) { d->chunk_delay_us = us; }
+
+void decoder_log_stats(const decoder *d, const char *who) {
+    phase_clock_log(&d->clock, who);
+    if (d->steal) log_info("%s took %llu chunks from other workers", who, (unsigned long long)atomic_load(&d->stolen));
 }
 
 /* ---- set-up ---- */
@@ -362,6 +427,7 @@ static int sparse_setup(decoder *d) {
     const stack_ctl *ctl = d->sv->ctl;
     ffn_mode mode = (ffn_mode)ctl->params.ffn_mode;
     d->n_chunks = ffn_chunk_count(m);
+    d->steal = d->n_workers > 1 && m->layers[0].down_t.data && d->n_chunks <= CHUNK_QUEUE_MAX;
     if (mode != FFN_DENSE && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];
@@ -392,6 +458,7 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->n_workers = sv->ctl->params.n_cpu_workers;
     d->kv_dim = m->n_head_kv * m->head_dim;
     d->index = index;
+    phase_clock_init(&d->clock);
     work_share_compute(&d->share, m, index, d->n_workers);
     int group = m->n_head / m->n_head_kv;
     d->qh_begin = d->share.kvh_begin * group;
@@ -421,6 +488,7 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
     d->in.f16 = alloc_zero(wide, sizeof(uint16_t), &bad);
     d->in.q8 = alloc_zero(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     d->partials = stack_act_f32(sv, L->ffn_partials);
+    d->queues = stack_act_f32(sv, L->chunk_queues);
     d->gather = ffn_gather_for(d->k);
     d->axpy = sparse_kernels_best();
     d->n_threads = d->pool ? pool_size(d->pool) : 0;

@@ -47,4 +47,12 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk);
  * barrier timed out). */
 int decoder_run(decoder *d, const decode_step *s);
 
+/* Sleep us after each batch of this worker's own FFN chunks: a slow core,
+ * for experiments and tests of the chunk stealing (PI2_CHUNK_DELAY). */
+void decoder_set_chunk_delay(decoder *d, long us);
+
+/* Logs how many chunks this worker took from others, and where the decode
+ * time went when PI2_PHASE_TIMES=1 (phase_clock.h). */
+void decoder_log_stats(const decoder *d, const char *who);
+
 #endif

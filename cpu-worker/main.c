@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "decode.h"
 #include "log.h"
 #include "stack_attach.h"
@@ -20,6 +21,31 @@ static void usage(FILE *f) {
           "  -i, --index N        worker index\n",
           f);
     worker_args_help(f, 1, "task");
+    fputs("  PI2_CHUNK_DELAY=I:N  worker I sleeps N us after each batch of its own FFN chunks (a slow core:\n"
+          "                       the others take its remaining chunks)\n"
+          "  PI2_PHASE_TIMES=1    log the decode time per step and barrier at exit\n",
+          f);
+}
+
+/* PI2_CHUNK_DELAY=INDEX:US: the delay for this worker (0 if it names another). */
+static int chunk_delay_for(int index, long *us) {
+    *us = 0;
+    const char *env = getenv("PI2_CHUNK_DELAY");
+    if (!env || !*env) return 0;
+    char *colon = strchr(env, ':');
+    if (!colon) {
+        log_error("PI2_CHUNK_DELAY='%s': expected INDEX:MICROSECONDS", env);
+        return -1;
+    }
+    char which[16];
+    int len = (int)(colon - env);
+    snprintf(which, sizeof which, "%.*s", len < 15 ? len : 15, env);
+    int i;
+    if (cli_parse_int(which, "PI2_CHUNK_DELAY's index", 0, STACK_MAX_CPU_WORKERS - 1, &i) ||
+        cli_parse_long(colon + 1, "PI2_CHUNK_DELAY's microseconds", 0, 1000000, us))
+        return -1;
+    if (i != index) *us = 0;
+    return 0;
 }
 
 typedef struct {
@@ -141,7 +167,10 @@ int main(int argc, char **argv) {
                   n_workers - 1);
         goto out;
     }
+    long chunk_delay_us;
+    if (chunk_delay_for(o.index, &chunk_delay_us)) goto out;
     if (!(dec = decoder_new(&sv, o.index, o.n_threads))) goto out;
+    decoder_set_chunk_delay(dec, chunk_delay_us);
     char name[32];
     snprintf(name, sizeof name, "cpu-worker.%d", o.index);
     if (worker_link_open(&link, sv.ctl, o.runid, name, PI2__PROCESS_KIND__CPU, (uint32_t)o.index,
@@ -158,6 +187,7 @@ int main(int argc, char **argv) {
     stack_msg_limits(&sv, &lim);
     worker_link_serve(&link, &lim, PI2__ENVELOPE__BODY_DECODE_TASK, run_task, &w);
     log_info("stopping");
+    decoder_log_stats(dec, name);
     free(w.chunks);
     status = 0;
 out:

@@ -142,18 +142,46 @@ static int select_neurons(const ffn_layer *f, long n0, long n1, ffn_scratch *s, 
     return n;
 }
 
-/* The activations of the selected neurons s->idx[0..n): gate (unless the
- * mode computed it) and up, one gather over all the batch's chunks. */
-static void gather_gate_up(const ffn_layer *f, ffn_scratch *s, int n, ffn_chunk_stats *st) {
+/* Keeps (in place, in order, chunk by chunk) the batch's neurons whose gate
+ * value in s->a is positive; updates s->start. Returns how many are left. */
+static int keep_positive_gates(ffn_scratch *s, int n_chunks) {
+    int kept = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        const int at = s->start[c], end = s->start[c + 1];
+        s->start[c] = kept;
+        for (int k = at; k < end; k++)
+            if (s->a[k] > 0) {
+                s->idx[kept] = s->idx[k];
+                s->a[kept++] = s->a[k];
+            }
+    }
+    s->start[n_chunks] = kept;
+    return kept;
+}
+
+/* The gate and up values of the batch's selected neurons (s->idx, chunk c's
+ * from s->start[c]). On a ReLU model a neuron whose gate is not positive does
+ * not fire whatever its up value, so the predictor's picks have their gate
+ * rows read first and their up rows only where the gate is positive, as
+ * gate-first does for every neuron: ~a third of the predictor's picks do not
+ * fire on the 7B bench model, and their up rows are not read. SiLU models and
+ * the dense mode read both rows in one pass. */
+static void gather_gate_up(const ffn_layer *f, ffn_scratch *s, int n_chunks, ffn_chunk_stats *st) {
     const layer_weights *w = &f->m->layers[f->layer];
-    if (f->mode == FFN_GATE_FIRST) {
-        gather_dot(f, &w->up, s->idx, n, s->b);
-        st->bytes += (uint64_t)n * w->up.row_bytes;
-    } else {
+    int n = s->start[n_chunks];
+    st->computed += (uint64_t)n;
+    const bool relu = f->m->act != FFN_SILU;
+    if (f->mode == FFN_PREDICTOR && relu) {
+        gather_dot(f, &w->gate, s->idx, n, s->a);
+        st->bytes += (uint64_t)n * w->gate.row_bytes;
+        n = keep_positive_gates(s, n_chunks);
+    } else if (f->mode != FFN_GATE_FIRST) {
         gather_dot2(f, w, s->idx, n, s->a, s->b);
         st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
+        return;
     }
-    st->computed += (uint64_t)n;
+    gather_dot(f, &w->up, s->idx, n, s->b);
+    st->bytes += (uint64_t)n * w->up.row_bytes;
 }
 
 /* The chunk's firing neurons idx[0..fired) (layer indices; made dt's row
@@ -185,7 +213,7 @@ void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, flo
         n += select_neurons(f, n0, n1, s, n, st);
     }
     s->start[n_chunks] = n;
-    gather_gate_up(f, s, n, st);
+    gather_gate_up(f, s, n_chunks, st);
     for (int c = 0; c < n_chunks; c++) {
         const int at = s->start[c], len = s->start[c + 1] - at;
         const int fired = activate_and_keep(f, s->idx + at, s->a + at, s->b + at, len);

@@ -85,8 +85,10 @@ int shm_make_name(char *buf, size_t len, const char *runid, const char *what);
 
 /* Creates, sizes (header + regions), fills the header and prefaults every
  * page (allocation happens here, at start-up, not on the token path;
- * SHM_CREATE_NO_PREFAULT only reserves them). Fails if the name exists
- * unless SHM_CREATE_REPLACE. */
+ * SHM_CREATE_NO_PREFAULT only reserves them). A segment of 2 MiB or more is
+ * moved into 2 MiB pages where the kernel can (shm_huge_pages), and every
+ * process maps it 2 MiB-aligned. Fails if the name exists unless
+ * SHM_CREATE_REPLACE. */
 shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_region_spec *specs,
                         int n_specs, unsigned flags);
 /* Maps an existing segment after validating magic, version, kind, size
@@ -118,6 +120,11 @@ uint64_t shm_bump_generation(shm_segment *seg);
 /* Seconds spent prefaulting in shm_create (0 for an attached segment or
  * one created with SHM_CREATE_NO_PREFAULT). */
 double shm_prefault_seconds(const shm_segment *seg);
+/* The creator's segment: 0 when all of it is on 2 MiB pages, else the errno
+ * of why not (EINVAL: smaller than 2 MiB or a kernel without MADV_COLLAPSE;
+ * EAGAIN / ENOMEM: not enough free 2 MiB blocks, some pages stay 4 KiB).
+ * *seconds (may be NULL): the time the move took. */
+int shm_huge_pages(const shm_segment *seg, double *seconds);
 
 /* Cleanup for `pi2 down`: every segment whose name (without the leading
  * '/') starts with prefix. Each one that is a pi2 segment gets its

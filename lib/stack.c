@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chunk_queue.h"
 #include "threadpool.h"
 
 static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
@@ -19,6 +20,7 @@ void act_layout_compute(act_layout *L, const model *m, const stack_params *p) {
     L->att_out = off;  off = align64(off + (uint64_t)m->n_embd * f);
     L->hb = off;       off = align64(off + (uint64_t)m->n_ff * f);
     L->ffn_partials = off; off = align64(off + (uint64_t)ffn_chunk_count(m) * (uint64_t)m->n_embd * f);
+    L->chunk_queues = off; off += (uint64_t)p->n_cpu_workers * chunk_queue_bytes(ffn_chunk_count(m));
     L->logits = off;   off = align64(off + (uint64_t)m->n_vocab * f);
     L->tokens = off;   off = align64(off + (uint64_t)p->max_prefill * sizeof(int32_t));
     L->total = off;
@@ -158,6 +160,11 @@ int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms) {
         sched_yield(); /* the other workers may share our core */
         if ((i & 255) == 0 && ctl_now_ms() > deadline) return -1;
     }
+}
+
+uint32_t ctl_barrier_tag(const stack_ctl *c) {
+    uint64_t w = atomic_load_explicit(&c->barrier, memory_order_acquire);
+    return (B_EPOCH(w) << 16) | B_PHASE(w);
 }
 
 uint32_t ctl_new_epoch(stack_ctl *c) {

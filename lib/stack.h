@@ -38,6 +38,7 @@ typedef struct {
     uint64_t att_out;   /* float [n_embd]: attention output, all heads */
     uint64_t hb;        /* float [n_ff]: FFN activations (dense FFN) */
     uint64_t ffn_partials; /* float [ffn_chunk_count][n_embd]: each neuron chunk's FFN output (sparse FFN) */
+    uint64_t chunk_queues; /* chunk_queue [n_cpu_workers], ffn_chunk_count entries each (chunk_queue.h) */
     uint64_t logits;    /* float [n_vocab] */
     uint64_t tokens;    /* int32 [max_prefill]: prompt token ids for the npu-worker */
     uint64_t total;     /* bytes of the region */
@@ -116,6 +117,9 @@ int64_t ctl_now_ms(void);
  * the epoch changed (work aborted by the coordinator) or timeout_ms passed.
  * Spins briefly, then yields: both cores may be shared. */
 int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms);
+/* The current step's tag: the same in every worker between two barriers of
+ * an epoch, different for the next step (it names the barrier's phase). */
+uint32_t ctl_barrier_tag(const stack_ctl *c);
 /* Coordinator: start a new epoch (aborts every waiter) with an empty barrier. Returns the new epoch. */
 uint32_t ctl_new_epoch(stack_ctl *c);
 

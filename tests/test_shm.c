@@ -5,6 +5,7 @@
 #include "shm.h"
 #include "test.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,6 +326,56 @@ static void test_prefault_speed(void) {
     shm_unlink_name(name);
 }
 
+/* kB of this process's shared-memory mappings that are mapped by 2 MiB
+ * page-table entries (/proc/self/smaps_rollup: the kernel's own count). */
+static long shmem_pmd_kb(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Segments of 2 MiB or more are mapped 2 MiB-aligned by creator and
+ * attacher, and moved into 2 MiB pages where the kernel can; then both
+ * processes map them with 2 MiB entries. A small segment reports EINVAL. */
+static void test_huge_pages(void) {
+    char name[SHM_NAME_MAX];
+    seg_name(name, "huge");
+    const uint64_t mib = 1ull << 20;
+    struct shm_region_spec spec = {"cache", 8 * mib, SHM_ALIGN_PAGE};
+    long before = shmem_pmd_kb();
+    shm_segment *seg = shm_create(name, SHM_KIND_WEIGHTS, &spec, 1, 0);
+    CHECK(seg != NULL, "create 8 MiB: %s", shm_last_error());
+    if (!seg) return;
+    shm_segment *att = shm_attach(name, SHM_KIND_WEIGHTS, 0);
+    CHECK(att != NULL, "attach: %s", shm_last_error());
+    CHECK((uintptr_t)shm_base(seg) % (2 * mib) == 0, "creator's mapping at %p is not 2 MiB-aligned", shm_base(seg));
+    CHECK(att && (uintptr_t)shm_base(att) % (2 * mib) == 0, "attacher's mapping is not 2 MiB-aligned");
+    double seconds = -1;
+    int err = shm_huge_pages(seg, &seconds);
+    CHECK(seconds >= 0, "the move's time is reported");
+    if (!err) {
+        /* both mappings (8 MiB + a header page: 4 whole 2 MiB pages each) */
+        long got = shmem_pmd_kb() - before;
+        CHECK(got >= 2 * 8 * 1024, "on 2 MiB pages, yet only %ld kB of the two mappings use 2 MiB entries", got);
+    } else {
+        CHECK(err == EINVAL || err == EAGAIN || err == ENOMEM, "unexpected reason %d", err);
+        printf("note: this kernel left the segment on 4 KiB pages: %s\n", strerror(err));
+    }
+    shm_detach(att);
+    shm_detach(seg);
+    shm_unlink_name(name);
+    seg_name(name, "small");
+    struct shm_region_spec small = {"cache", 64 * 1024, SHM_ALIGN_PAGE};
+    seg = shm_create(name, SHM_KIND_WEIGHTS, &small, 1, 0);
+    CHECK(seg && shm_huge_pages(seg, NULL) == EINVAL, "a 68 KiB segment stays on 4 KiB pages (EINVAL)");
+    shm_detach(seg);
+    shm_unlink_name(name);
+}
+
 /* A reserved-only segment is as valid as a prefaulted one: same header,
  * attachable, every page reads zero; only the prefault time is skipped. */
 static void test_no_prefault(void) {
@@ -410,6 +461,7 @@ int main(void) {
     test_generation_across_processes();
     test_prefault_speed();
     test_no_prefault();
+    test_huge_pages();
     test_unlink_by_prefix();
     cleanup();
     char prefix[SHM_NAME_MAX];

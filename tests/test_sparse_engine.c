@@ -202,7 +202,8 @@ static void check_silu_refused(const char *path) {
  *   - every threshold at -1e30 (all neurons predicted): dense's bits;
  *   - every threshold at +1e30: no neuron computed;
  *   - the file's threshold: the same bits on 1 and 2 threads, far fewer neurons
- *     than dense, bytes equal to the rows read; greedy agreement printed. */
+ *     than dense, bytes equal to the rows read (up rows only where the gate is
+ *     positive); greedy agreement printed. */
 static void set_all_thresholds(predictor *p, const model *m, float tau) {
     for (int l = 0; l < m->n_layer; l++) predictor_set_threshold(p, l, tau);
 }
@@ -217,6 +218,7 @@ static void check_predictor(const char *path) {
     predictor *all = predictor_load(&m, NULL, err, sizeof err), *none = predictor_load(&m, NULL, err, sizeof err),
               *real = predictor_load(&m, NULL, err, sizeof err);
     CHECK(all && none && real, "PWRI predictor: %s", err);
+    CHECK(m.act == FFN_RELU, "the predictor test model is ReLU (the byte count below assumes it)");
     if (!all || !none || !real) goto out;
     set_all_thresholds(all, &m, -1e30f);
     set_all_thresholds(none, &m, 1e30f);
@@ -248,8 +250,10 @@ static void check_predictor(const char *path) {
             engine_ffn_stats(pn, &sn);
             engine_ffn_stats(p2, &st);
             none_zero &= sn.computed == 0 && sn.active == 0;
-            bytes_ok &= st.bytes == stage1 + rows + st.computed * (w->gate.row_bytes + w->up.row_bytes) +
-                                        st.active * w->down_t.row_bytes;
+            /* ReLU: the picks' gate rows; up and down rows only where the gate is positive, which on
+             * FFN_RELU is where the activation is non-zero (barring an up of exactly 0) */
+            bytes_ok &= st.bytes == stage1 + rows + st.computed * w->gate.row_bytes +
+                                        st.active * (w->up.row_bytes + w->down_t.row_bytes);
             computed += (double)st.computed;
             active += (double)st.active;
         }

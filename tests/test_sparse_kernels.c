@@ -272,8 +272,9 @@ int main(void) {
     if (sparse_kernels_avx512()) sets[nsets++] = sparse_kernels_avx512();
     if (nsets < 3) fprintf(stderr, "note: this CPU runs only %d of the 3 kernel sets\n", nsets);
 
-    /* 16416: past the 16384 elements the fast Q4_0 dot sums in one chunk */
-    const int quant_lengths[] = {32, 64, 96, 160, 512, 544, 4096, 16416};
+    /* 4128 and 16416: whole runs of 8 blocks (the avx512 Q4_0 axpy's vector scales) and a
+     * remainder; 16416: past the 16384 elements the fast Q4_0 dot sums in one chunk */
+    const int quant_lengths[] = {32, 64, 96, 160, 512, 544, 4096, 4128, 16416};
     const int float_lengths[] = {0, 1, 7, 31, 33, 63, 64, 65, 127, 257, 1000, 4097};
     const int nq = (int)(sizeof quant_lengths / sizeof *quant_lengths);
     const int nf = (int)(sizeof float_lengths / sizeof *float_lengths);

@@ -48,6 +48,8 @@ static void test_act_layout(const model *m, int max_prefill) {
                 {"att_out", L.att_out, (uint64_t)m->n_embd * f},
                 {"hb", L.hb, (uint64_t)m->n_ff * f},
                 {"ffn_partials", L.ffn_partials, (uint64_t)ffn_chunk_count(m) * m->n_embd * f},
+                /* one queue per worker: a cursor word, then an entry per chunk */
+                {"chunk_queues", L.chunk_queues, 2 * (8 + (uint64_t)ffn_chunk_count(m) * 4)},
                 {"logits", L.logits, (uint64_t)m->n_vocab * f},
                 {"tokens", L.tokens, (uint64_t)max_prefill * sizeof(int32_t)}};
     int n = (int)(sizeof s / sizeof *s);

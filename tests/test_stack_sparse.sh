@@ -218,6 +218,22 @@ bad_up() {
 bad_up "--ffn gate-first on a SiLU model" 'gate-first.*ReLU' "$M_SILU" --ffn gate-first
 bad_up "--predictor built for another model" "$P_OTHER.*(another|other) model" "$M_Q8" --predictor "$P_OTHER"
 
+# ---- a slow worker: the others take its FFN chunks ----
+# PI2_CHUNK_DELAY makes cpu-worker.1 sleep after each batch of its own chunks,
+# so cpu-worker.0 runs out first and takes the rest from cpu-worker.1's queue
+# (the PWRI file's rows are shared). Who computed a chunk must not change a bit.
+new_run R
+PI2_CHUNK_DELAY=1:300 up "$R" "$TMP/two.conf" "$M_PWRI"
+check "pwri slow-worker stack: pi2 up with PI2_CHUNK_DELAY=1:300" $?
+for mode in predictor gate-first dense; do
+    gen "$TMP/got" "$R" "$PROMPT" $N --temp 0 --ffn $mode
+    same "pwri slow worker: pi2 run --ffn $mode == pi2-ref --ffn $mode" "$TMP/want.pwri.$mode" "$TMP/got" "$R"
+done
+"$PI2" logs cpu-worker.0 -r "$R" 2>/dev/null | grep -q "took layer [0-9]*'s chunk [0-9]* from cpu-worker.1"
+check "pwri slow worker: cpu-worker.0 took chunks from cpu-worker.1's queue" $?
+"$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
+check "pwri slow-worker stack: pi2 down leaves nothing" $?
+
 # ---- kill -9 of a cpu-worker mid-generation in sparse mode ----
 # Every task of the workers sleeps PI2_TASK_DELAY_US, so a generation lasts
 # seconds and the kill lands in the middle of it.
