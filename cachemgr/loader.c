@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bus.h"
 #include "cachemgr.h"
+#include "clock.h"
 #include "log.h"
 #include "msg.h"
 #include "rundir.h"
@@ -104,7 +104,7 @@ static int send_batch(loader *L, batch *b) {
     int rc = bus_send(L->sock, PI2_BUS_MSG, buf, len);
     if (rc != BUS_OK) return rc == BUS_TIMEOUT ? 0 : -1; /* a full queue: try again later */
     b->state = BATCH_SENT;
-    b->sent_ms = bus_now_ms();
+    b->sent_ms = clock_ms();
     L->in_flight++;
     return 0;
 }
@@ -112,7 +112,7 @@ static int send_batch(loader *L, batch *b) {
 /* Sends pending batches while fewer than BATCHES_IN_FLIGHT are out, and
  * takes back those unanswered for too long. */
 static int pump(loader *L) {
-    int64_t now = bus_now_ms();
+    int64_t now = clock_ms();
     for (size_t i = 0; i < L->n_batches; i++) {
         batch *b = &L->batches[i];
         if (b->state == BATCH_SENT && now - b->sent_ms > L->c->io_timeout_ms) {
@@ -192,14 +192,8 @@ static int receive(loader *L, const struct bus_msg *m) {
     return rc;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int run(loader *L) {
-    int64_t last_progress = bus_now_ms();
+    int64_t last_progress = clock_ms();
     while (L->n_done < L->n_batches) {
         if (proc_stop) return 1;
         cm_beat(L->c, PROC_STARTING);
@@ -211,9 +205,9 @@ static int run(loader *L) {
             log_error("receive: %s", bus_last_error());
             return -1;
         }
-        if (bus_now_ms() - last_progress > 5000) {
+        if (clock_ms() - last_progress > 5000) {
             log_info("loading: %zu of %zu batches done", L->n_done, L->n_batches);
-            last_progress = bus_now_ms();
+            last_progress = clock_ms();
         }
     }
     return 0;
@@ -236,10 +230,10 @@ int cm_load_weights(cachemgr *c) {
     uint64_t bytes = c->m.gguf.size - weights_file_offset(&c->m);
     log_info("loading %.3f GB of weights through the io-worker (%zu reads in %zu batches)", (double)bytes / 1e9,
              L.n_reads, L.n_batches);
-    double t0 = now_s();
+    double t0 = clock_seconds();
     rc = run(&L);
     if (rc == 0) {
-        double dt = now_s() - t0;
+        double dt = clock_seconds() - t0;
         uint64_t gen = shm_generation(c->seg[SEG_WEIGHTS]);
         atomic_store(&c->ctl->weights_ready, gen);
         log_info("weights loaded: %.3f GB in %.3f s (%.2f GB/s); weights_ready = %llu", (double)bytes / 1e9, dt,

@@ -6,9 +6,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cachemgr.h"
+#include "clock.h"
 #include "log.h"
 
 typedef struct {
@@ -60,12 +60,6 @@ static shm_segment *attach_matching(const char *name, const segment_spec *s) {
     return seg;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Whether the segment is on 2 MiB pages (shm.h): decode reads scattered
  * weight rows, and 4 KiB pages make most of them a TLB miss. */
 static void log_huge_pages(const char *name, const shm_segment *seg) {
@@ -78,7 +72,7 @@ static void log_huge_pages(const char *name, const shm_segment *seg) {
 }
 
 static shm_segment *create(const char *name, const segment_spec *s, double *prefault_s, uint64_t *bytes) {
-    double t0 = now_seconds();
+    double t0 = clock_seconds();
     shm_segment *seg = shm_create(name, s->kind, s->regions, s->n, SHM_CREATE_REPLACE | s->create_flags);
     if (!seg) {
         log_error("create %s: %s", name, shm_last_error());
@@ -87,7 +81,7 @@ static shm_segment *create(const char *name, const segment_spec *s, double *pref
     log_huge_pages(name, seg);
     if (s->create_flags & SHM_CREATE_NO_PREFAULT) {
         log_info("%s: %.3f GB reserved, not prefaulted, in %.3f s", name, (double)shm_size(seg) / 1e9,
-                 now_seconds() - t0);
+                 clock_seconds() - t0);
         return seg;
     }
     *prefault_s += shm_prefault_seconds(seg);

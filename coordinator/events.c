@@ -4,6 +4,7 @@
  * wait built on it keeps the stack's bookkeeping going. */
 #include <stdlib.h>
 
+#include "clock.h"
 #include "coord.h"
 #include "log.h"
 #include "rundir.h"
@@ -97,7 +98,7 @@ static void drain(coord *c, bus_socket *s) {
 }
 
 void coord_pump(coord *c, int timeout_ms) {
-    int64_t now = ctl_now_ms();
+    int64_t now = clock_ms();
     if (timeout_ms > c->next_beat_ms - now) timeout_ms = (int)(c->next_beat_ms - now);
     if (timeout_ms < 0) timeout_ms = 0;
     bus_socket *socks[2] = {c->workers_sock, c->client_sock};
@@ -109,7 +110,7 @@ void coord_pump(coord *c, int timeout_ms) {
         if (ready & 1) drain(c, c->workers_sock);
         if (ready & 2) drain(c, c->client_sock);
     }
-    now = ctl_now_ms();
+    now = clock_ms();
     if (now >= c->next_beat_ms) {
         ctl_proc_beat(c->sv.row, c->busy ? PROC_BUSY : PROC_READY);
         c->next_beat_ms = now + COORD_BEAT_MS;

@@ -5,17 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "coord.h"
 #include "log.h"
 #include "sampler.h"
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 /* The prompt's positions, always with a dense FFN (as pi2-ref's prompt): on
  * the npu-worker in chunks of max_prefill when it is up, else (or once it is
@@ -153,12 +147,12 @@ void generate_serve(coord *c) {
     int n_prompt = tokens ? tokenize(c, tokens) : 0;
     if (!tokens && !bad_mode) client_send_error(c, r->client, r->client_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
     if (n_prompt > 0) {
-        double t0 = now_ms();
+        double t0 = clock_seconds() * 1e3;
         decode_result res = {0, PI2__GENERATE_STATUS__GS_UNSPECIFIED, false};
         int rc = prefill(c, tokens, n_prompt);
-        double t1 = now_ms();
+        double t1 = clock_seconds() * 1e3;
         if (!rc) rc = decode(c, n_prompt, mode, &res);
-        double t2 = now_ms();
+        double t2 = clock_seconds() * 1e3;
         if (rc) {
             char why[256];
             error_text(c, rc, why, sizeof why);

@@ -7,6 +7,7 @@
  * sequence numbers and are ignored (workers.c). */
 #include <string.h>
 
+#include "clock.h"
 #include "coord.h"
 #include "kernels.h"
 #include "log.h"
@@ -37,9 +38,9 @@ static bool step_complete(const coord *c) {
 
 /* Pumps until ready(c), the stop flag, or timeout_ms. */
 static int wait_until(coord *c, bool (*ready)(const coord *), int timeout_ms) {
-    int64_t deadline = ctl_now_ms() + timeout_ms;
+    int64_t deadline = clock_ms() + timeout_ms;
     while (!ready(c)) {
-        if (*c->stop || ctl_now_ms() > deadline) return -1;
+        if (*c->stop || clock_ms() > deadline) return -1;
         coord_pump(c, PUMP_MS);
     }
     return 0;
@@ -55,7 +56,7 @@ static int await_step(coord *c, uint64_t faults_before) {
         if (*c->stop) return AWAIT_STOP;
         if (s->failed) return AWAIT_RETRY;
         if (step_faults(c) != faults_before) return AWAIT_RETRY;
-        if (ctl_now_ms() - s->progress_ms > c->opt.task_timeout_ms) {
+        if (clock_ms() - s->progress_ms > c->opt.task_timeout_ms) {
             log_warn("no completion for %d ms: re-sending the step", c->opt.task_timeout_ms);
             return AWAIT_RETRY;
         }
@@ -68,7 +69,7 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
     c->step.active = true;
     c->step.on_npu = on_npu;
     c->step.n_tasks = n_tasks;
-    c->step.progress_ms = ctl_now_ms();
+    c->step.progress_ms = clock_ms();
 }
 
 /* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost).

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clock.h"
 #include "coord.h"
 #include "log.h"
 
@@ -170,7 +171,7 @@ static void on_task_done(coord *c, worker *w, const Pi2__TaskDone *d) {
         return;
     }
     s->n_done[i] = (int)d->layer + 1;
-    s->progress_ms = ctl_now_ms();
+    s->progress_ms = clock_ms();
 }
 
 static void on_prefill_done(coord *c, const Pi2__PrefillDone *d) {
@@ -182,7 +183,7 @@ static void on_prefill_done(coord *c, const Pi2__PrefillDone *d) {
         return;
     }
     s->prefill_done = true;
-    s->progress_ms = ctl_now_ms();
+    s->progress_ms = clock_ms();
 }
 
 void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) {
@@ -192,7 +193,7 @@ void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) 
                  (const char *)bm->peer);
         return;
     }
-    bus_peers_seen(&c->peers, bm->peer, bm->peer_len, ctl_now_ms());
+    bus_peers_seen(&c->peers, bm->peer, bm->peer_len, clock_ms());
     bool is_npu = w == &c->npu;
     switch (env->body_case) {
     case PI2__ENVELOPE__BODY_REGISTER: on_register(c, w, env->register_); return;

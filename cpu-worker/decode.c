@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "chunk_queue.h"
+#include "clock.h"
 #include "kernels.h"
 #include "log.h"
 #include "phase_clock.h"
@@ -402,7 +403,7 @@ static int build_down_t(decoder *d) {
     int32_t *own = calloc((size_t)d->n_chunks, sizeof *own), bad = !own;
     int n_own = own ? work_share_chunks(&d->share, m, own) : 0;
     d->down_t = alloc_zero((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
-    uint64_t t0 = worker_now_us(), bytes = 0;
+    uint64_t t0 = clock_us(), bytes = 0;
     for (int l = 0; l < m->n_layer && !bad; l++)
         for (int k = 0; k < n_own && !bad; k++) {
             long n0, n1, first;
@@ -418,7 +419,7 @@ static int build_down_t(decoder *d) {
         return -1;
     }
     log_info("built neuron-major down rows of %d of %d chunks (every %d-th from %d): %.1f MB in %.2f s", n_own,
-             d->n_chunks, d->share.chunk_step, d->share.chunk_first, bytes / 1e6, (worker_now_us() - t0) / 1e6);
+             d->n_chunks, d->share.chunk_step, d->share.chunk_first, bytes / 1e6, (clock_us() - t0) / 1e6);
     return 0;
 }
 

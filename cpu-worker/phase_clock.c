@@ -3,19 +3,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "log.h"
 
 static const char *const phase_names[PHASE_COUNT] = {
     "attention", "wait", "attn-out", "wait", "pred-hidden", "wait", "ffn", "wait", "ffn-out", "wait", "output",
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void phase_clock_init(phase_clock *c) {
     const char *env = getenv("PI2_PHASE_TIMES");
@@ -23,12 +17,12 @@ void phase_clock_init(phase_clock *c) {
 }
 
 void phase_clock_start(phase_clock *c) {
-    if (c->on) c->mark_ns = now_ns();
+    if (c->on) c->mark_ns = clock_ns();
 }
 
 void phase_clock_lap(phase_clock *c, decode_phase p) {
     if (!c->on) return;
-    uint64_t t = now_ns();
+    uint64_t t = clock_ns();
     c->ns[p] += t - c->mark_ns;
     c->mark_ns = t;
     if (p == PHASE_OUTPUT) c->tokens++;

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "io_worker.h"
 #include "log.h"
 
@@ -36,11 +37,11 @@ int iow_attach_weights(io_worker *w) {
 }
 
 int iow_wait_weights(io_worker *w, int timeout_ms) {
-    int64_t deadline = ctl_now_ms() + timeout_ms;
+    int64_t deadline = clock_ms() + timeout_ms;
     bool told = false;
     while (!proc_stop) {
         if (iow_attach_weights(w) == 0) return 0;
-        if (ctl_now_ms() > deadline) {
+        if (clock_ms() > deadline) {
             log_error("the weights segment of run '%s' did not appear within %d s (is cachemgr running?): %s",
                       w->runid, timeout_ms / 1000, shm_last_error());
             return -1;
@@ -91,7 +92,7 @@ void iow_beat(void *arg) {
         detach_ctl(w);
     }
     if (!w->ctl_seg) {
-        int64_t now = ctl_now_ms();
+        int64_t now = clock_ms();
         if (now < w->next_ctl_try_ms) return;
         w->next_ctl_try_ms = now + CTL_RETRY_MS;
         attach_ctl(w);

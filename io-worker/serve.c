@@ -5,15 +5,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "io_worker.h"
 #include "log.h"
 #include "msg.h"
-
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
     size_t len;
@@ -67,7 +62,7 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
         free(results);
         return;
     }
-    uint64_t t0 = now_us(), bytes = 0;
+    uint64_t t0 = clock_us(), bytes = 0;
     if (!have_weights) {
         for (size_t i = 0; i < n; i++) results[i] = -ESTALE;
     } else {
@@ -83,7 +78,7 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
             if (results[i] > 0) bytes += (uint64_t)results[i];
         }
     }
-    uint64_t us = now_us() - t0;
+    uint64_t us = clock_us() - t0;
     log_debug("batch %llu: %zu reads, %llu bytes in %llu us", (unsigned long long)b->batch_id, n,
               (unsigned long long)bytes, (unsigned long long)us);
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 
 /* O_DIRECT needs block-aligned offsets, lengths and buffers; the page size
@@ -76,12 +77,6 @@ void uring_reader_close(uring_reader *r) {
 }
 
 uint64_t uring_reader_file_size(const uring_reader *r) { return r->file_size; }
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Per-run bookkeeping: how far each job got and which jobs wait for submission. */
 typedef struct {
@@ -159,7 +154,7 @@ void uring_reader_run(uring_reader *r, io_job *jobs, size_t n, void (*idle)(void
         else enqueue(&s, i);
     }
     size_t finished = n - s.count, in_flight = 0;
-    int64_t last_idle = now_ms();
+    int64_t last_idle = clock_ms();
     while (finished < n) {
         while (s.count && in_flight < r->depth && prep_read(r, &s, jobs, s.queue[s.head])) {
             s.head = (s.head + 1) % n;
@@ -174,7 +169,7 @@ void uring_reader_run(uring_reader *r, io_job *jobs, size_t n, void (*idle)(void
         struct io_uring_cqe *cqe;
         struct __kernel_timespec wait = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
         rc = io_uring_wait_cqe_timeout(&r->ring, &cqe, &wait);
-        int64_t now = now_ms();
+        int64_t now = clock_ms();
         if (idle && now - last_idle >= 100) {
             idle(ctx);
             last_idle = now;

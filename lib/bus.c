@@ -1,5 +1,6 @@
 #include "bus.h"
 
+#include "clock.h"
 #include "rundir.h"
 
 #include <errno.h>
@@ -9,7 +10,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -339,7 +339,7 @@ static int drop_rest(bus_socket *s, const char *why) {
 /* First frame of the next message, waiting up to timeout_ms. Tries without
  * waiting first, so a busy socket costs no poll call. */
 static int recv_first(bus_socket *s, void *buf, size_t cap, int timeout_ms, int *n_out) {
-    int64_t deadline = timeout_ms > 0 ? bus_now_ms() + timeout_ms : 0;
+    int64_t deadline = timeout_ms > 0 ? clock_ms() + timeout_ms : 0;
     for (;;) {
         int n = zmq_recv(s->zs, buf, cap, ZMQ_DONTWAIT);
         if (n >= 0) {
@@ -350,7 +350,7 @@ static int recv_first(bus_socket *s, void *buf, size_t cap, int timeout_ms, int 
         if (timeout_ms == 0) return BUS_TIMEOUT;
         int wait = -1;
         if (timeout_ms > 0) {
-            int64_t left = deadline - bus_now_ms();
+            int64_t left = deadline - clock_ms();
             if (left <= 0) return BUS_TIMEOUT;
             wait = (int)left;
         }
@@ -414,12 +414,6 @@ int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready) {
     for (int i = 0; i < n; i++)
         if (items[i].revents & ZMQ_POLLIN) *ready |= 1u << i;
     return rc;
-}
-
-int64_t bus_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void bus_ticker_init(struct bus_ticker *t, int64_t period_ms, int64_t now_ms) {

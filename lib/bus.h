@@ -91,9 +91,6 @@ int bus_recv(bus_socket *s, struct bus_msg *m, int timeout_ms);
  * Returns the number ready, 0 on timeout, or BUS_EINTR / BUS_ERR. */
 int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready);
 
-/* Monotonic milliseconds. */
-int64_t bus_now_ms(void);
-
 /* Heartbeats: a worker sends one every period; the receiver counts any
  * message as a sign of life and declares a peer dead after dead_after_ms. */
 struct bus_ticker {

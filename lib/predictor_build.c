@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "kernels.h"
 #include "log.h"
 #include "predictor.h"
@@ -19,12 +19,6 @@
 #define SILU_ONE_SIDED_CUT 0.456f
 /* Calibration keeps at most this many (gate, logit) samples per layer. */
 #define CALIB_SAMPLES_PER_LAYER (1 << 19)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int predictor_default_rank(const model *m) {
     int limit = m->n_embd < m->n_ff ? m->n_embd : m->n_ff;
@@ -267,7 +261,7 @@ int predictor_build(const model *m, const predictor_build_opts *o, char *err, si
     int rc = -1;
     bool written = false;
     if (!d.a || !d.b || !d.threshold || !d.gate_cut || !G || !A || !B) goto oom;
-    double t0 = now_s();
+    double t0 = clock_seconds();
     for (int l = 0; l < m->n_layer; l++) {
         d.a[l] = malloc(d.a_bytes);
         d.b[l] = malloc(d.b_bytes);
@@ -275,13 +269,13 @@ int predictor_build(const model *m, const predictor_build_opts *o, char *err, si
     }
     free(G); free(A); free(B);
     G = A = B = NULL;
-    double t1 = now_s();
+    double t1 = clock_seconds();
     log_info("factorized %d layers to rank %d in %.1f s", m->n_layer, d.rank, t1 - t0);
     /* written once without thresholds so that calibration runs the stored (quantized) weights */
     if (write_side(&d, o->out_path, err, errlen)) goto done;
     written = true;
     if (calibrate(&d, o, err, errlen) || write_side(&d, o->out_path, err, errlen)) goto done;
-    log_info("calibrated in %.1f s; wrote %s (%.2f MiB)", now_s() - t1, o->out_path,
+    log_info("calibrated in %.1f s; wrote %s (%.2f MiB)", clock_seconds() - t1, o->out_path,
              (double)(d.a_bytes + d.b_bytes) * m->n_layer / 1048576.0);
     rc = 0;
     goto done;

@@ -9,8 +9,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 _Static_assert(sizeof(struct shm_header) <= SHM_HEADER_SIZE, "header must fit its reserved page");
 
@@ -72,12 +73,6 @@ static int check_name(const char *name) {
         return -1;
     }
     return 0;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int shm_validate_header(const struct shm_header *h, uint64_t file_size, enum shm_kind kind) {
@@ -257,11 +252,11 @@ static uint8_t *map_segment(int fd, uint64_t size, int prot, int flags) {
 /* Best effort: the segment's (allocated) pages into 2 MiB pages. A kernel
  * without MADV_COLLAPSE, or no free 2 MiB blocks, leaves 4 KiB pages. */
 static void collapse_huge(shm_segment *seg) {
-    double t0 = now_seconds();
+    double t0 = clock_seconds();
     seg->huge_errno = seg->size < HUGE_PAGE ? EINVAL : 0;
     if (!seg->huge_errno && madvise(seg->base, seg->size & ~(uint64_t)(HUGE_PAGE - 1), MADV_COLLAPSE))
         seg->huge_errno = errno;
-    seg->huge_seconds = now_seconds() - t0;
+    seg->huge_seconds = clock_seconds() - t0;
 }
 
 static shm_segment *segment_new(const char *name) {
@@ -319,10 +314,10 @@ shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_r
     }
     if (reserve(seg->fd, seg->size)) goto fail;
     collapse_huge(seg);
-    double t0 = now_seconds();
+    double t0 = clock_seconds();
     if (!(flags & SHM_CREATE_NO_PREFAULT)) {
         if (prefault(seg->base, seg->size)) goto fail;
-        seg->prefault_seconds = now_seconds() - t0;
+        seg->prefault_seconds = clock_seconds() - t0;
     }
 
     /* Magic goes in last, so a process attaching meanwhile sees either no

@@ -6,9 +6,9 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "chunk_queue.h"
+#include "clock.h"
 #include "threadpool.h"
 
 static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
@@ -106,12 +106,6 @@ int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, c
     return 0;
 }
 
-int64_t ctl_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid) {
     proc_row *row = NULL;
     for (int i = 0; i < STACK_MAX_PROCS && !row; i++) /* a restarted process takes its old row */
@@ -133,7 +127,7 @@ proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid) {
 }
 
 void ctl_proc_beat(proc_row *r, enum proc_state st) {
-    atomic_store(&r->heartbeat_ms, ctl_now_ms());
+    atomic_store(&r->heartbeat_ms, clock_ms());
     atomic_store(&r->state, (uint32_t)st);
 }
 
@@ -151,14 +145,14 @@ int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms) {
     } while (!atomic_compare_exchange_weak(&c->barrier, &w, next));
     if (B_ARRIVED(next) == 0) return 0; /* we were the last */
     uint32_t phase = B_PHASE(w);
-    int64_t deadline = ctl_now_ms() + timeout_ms;
+    int64_t deadline = clock_ms() + timeout_ms;
     for (unsigned i = 0;; i++) {
         uint64_t cur = atomic_load_explicit(&c->barrier, memory_order_acquire);
         if (B_EPOCH(cur) != epoch) return -1;
         if (B_PHASE(cur) != phase) return 0;
         if (i < 2000) { _mm_pause(); continue; }
         sched_yield(); /* the other workers may share our core */
-        if ((i & 255) == 0 && ctl_now_ms() > deadline) return -1;
+        if ((i & 255) == 0 && clock_ms() > deadline) return -1;
     }
 }
 

@@ -111,7 +111,6 @@ int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, c
 /* Find the row named name, or claim a free one; bumps starts, sets pid and state. NULL if the table is full. */
 proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid);
 void ctl_proc_beat(proc_row *r, enum proc_state st);   /* heartbeat_ms = now, state = st */
-int64_t ctl_now_ms(void);
 
 /* Barrier of n decode workers for epoch. Returns 0 when all n arrived, -1 if
  * the epoch changed (work aborted by the coordinator) or timeout_ms passed.

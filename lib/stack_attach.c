@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define POLL_MS 50
@@ -27,7 +28,7 @@ static shm_segment *attach_waiting(const stack_view_spec *spec, const char *what
         shm_segment *seg = shm_attach(name, kind, 0);
         if (seg) return seg;
         if (*spec->stop) return NULL;
-        if (ctl_now_ms() > deadline) {
+        if (clock_ms() > deadline) {
             log_error("segment %s not available after %d s (is cachemgr running for run '%s'?): %s", name,
                       spec->wait_ms / 1000, runid, shm_last_error());
             return NULL;
@@ -54,7 +55,7 @@ static void *region(shm_segment *seg, const char *name, uint64_t need, uint64_t 
 }
 
 static bool waited_too_long(const stack_view_spec *spec, int64_t deadline) {
-    return *spec->stop || ctl_now_ms() > deadline;
+    return *spec->stop || clock_ms() > deadline;
 }
 
 /* cachemgr writes the control block's magic last; wait for it, then for the weights. */
@@ -97,7 +98,7 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
         return -1;
     }
     s->model_loaded = true;
-    int64_t deadline = ctl_now_ms() + spec->wait_ms;
+    int64_t deadline = clock_ms() + spec->wait_ms;
     if (!(s->ctl_seg = attach_waiting(spec, STACK_SEG_CTL, SHM_KIND_CONTROL, deadline))) goto fail;
     if (!(s->ctl = region(s->ctl_seg, "ctl", sizeof(stack_ctl), NULL))) goto fail;
     if (wait_ctl_ready(s, spec, deadline)) goto fail;

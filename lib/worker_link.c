@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "rundir.h"
 
@@ -56,9 +57,9 @@ static int connect_coordinator(worker_link *w, const char *runid, const char *na
         return -1;
     }
     /* The supervisor creates the run dir; refuse one another user could have planted. */
-    int64_t deadline = ctl_now_ms() + RUNDIR_WAIT_MS;
+    int64_t deadline = clock_ms() + RUNDIR_WAIT_MS;
     while (rundir_check(dir)) {
-        if (proc_stop || ctl_now_ms() > deadline) {
+        if (proc_stop || clock_ms() > deadline) {
             if (!proc_stop) log_error("run directory %s: %s", dir, rundir_last_error());
             return -1;
         }
@@ -90,7 +91,7 @@ int worker_link_open(worker_link *w, stack_ctl *ctl, const char *runid, const ch
     }
     w->beat_running = true;
     if (connect_coordinator(w, runid, name)) return -1;
-    bus_ticker_init(&w->ticker, WORKER_HEARTBEAT_MS, bus_now_ms());
+    bus_ticker_init(&w->ticker, WORKER_HEARTBEAT_MS, clock_ms());
 
     char cpus[MSG_MAX_NAME + 1];
     format_cpu_list(cpus, sizeof cpus);
@@ -152,7 +153,7 @@ static Pi2__WorkerState wire_state(enum proc_state st) {
 }
 
 void worker_link_heartbeat(worker_link *w) {
-    int64_t now = bus_now_ms();
+    int64_t now = clock_ms();
     if (!bus_ticker_due(&w->ticker, now)) return;
     Pi2__Heartbeat hb = PI2__HEARTBEAT__INIT;
     hb.worker_id = w->worker_id;
@@ -211,10 +212,4 @@ void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__Bod
         else log_warn("ignored a %s message (this worker takes %s)", msg_body_name(env->body_case), msg_body_name(takes));
         msg_free(env);
     }
-}
-
-uint64_t worker_now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }

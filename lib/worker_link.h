@@ -53,7 +53,4 @@ Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeo
 void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__BodyCase takes,
                        void (*handle)(void *ctx, const Pi2__Envelope *env), void *ctx);
 
-/* CLOCK_MONOTONIC microseconds, for the task timings in TaskDone / PrefillDone. */
-uint64_t worker_now_us(void);
-
 #endif

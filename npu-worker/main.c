@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "prefill.h"
 #include "stack_attach.h"
@@ -89,9 +90,9 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     }
     if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
     worker_link_set_state(w->link, PROC_BUSY);
-    uint64_t t0 = worker_now_us();
+    uint64_t t0 = clock_us();
     int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, w->link);
-    uint64_t took = worker_now_us() - t0;
+    uint64_t took = clock_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
     if (rc) {
         log_info("prefill of %u tokens abandoned: epoch %u ended", r->n_tokens, r->epoch);

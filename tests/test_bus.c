@@ -3,6 +3,7 @@
  * heartbeats; prints the ipc round-trip latency and the per-message cost of
  * 8 KiB batches (measured, not asserted). Leaves nothing in the run dir. */
 #include "bus.h"
+#include "clock.h"
 #include "rundir.h"
 #include "test.h"
 
@@ -14,7 +15,6 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -28,12 +28,6 @@ static char run_dir[RUNDIR_PATH_MAX];
 
 static void cleanup(void) {
     if (run_dir[0]) rundir_remove(run_dir);
-}
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -161,7 +155,7 @@ static int worker_main(const char *ep) {
 static void stream_messages(bus_socket *router, const uint8_t *peer, size_t peer_len, size_t bytes) {
     static uint8_t batch[BATCH_BYTES];
     int failures = 0;
-    double t0 = now_us();
+    double t0 = clock_seconds() * 1e6;
     for (uint32_t i = 0; i < N_BATCHES && !failures; i++) {
         memcpy(batch, &i, sizeof i);
         batch[bytes - 1] = (uint8_t)i;
@@ -169,7 +163,7 @@ static void stream_messages(bus_socket *router, const uint8_t *peer, size_t peer
     }
     struct bus_msg m;
     int r = failures ? BUS_ERR : bus_recv(router, &m, 20000);
-    double elapsed = now_us() - t0;
+    double elapsed = clock_seconds() * 1e6 - t0;
     uint32_t ack[2] = {0, 0};
     if (r == BUS_OK && m.len == sizeof ack) memcpy(ack, m.data, sizeof ack);
     CHECK(r == BUS_OK && m.type == MSG_ACK && ack[0] == N_BATCHES && ack[1] == 0,
@@ -211,13 +205,13 @@ static void test_round_trip(void) {
     int mismatches = 0, failures = 0;
     for (int i = 0; i < N_ROUND_TRIPS; i++) {
         for (size_t j = 0; j < sizeof ping; j++) ping[j] = (uint8_t)(i + j);
-        double t0 = now_us();
+        double t0 = clock_seconds() * 1e6;
         if (bus_send_to(router, peer, peer_len, MSG_ECHO, ping, sizeof ping) ||
             bus_recv(router, &m, 5000)) {
             failures++;
             break;
         }
-        rtt[i] = now_us() - t0;
+        rtt[i] = clock_seconds() * 1e6 - t0;
         mismatches += m.type != MSG_ECHO || m.len != sizeof ping || memcmp(m.data, ping, sizeof ping);
     }
     CHECK(failures == 0 && mismatches == 0, "round trips: %d failures, %d mismatches", failures, mismatches);
@@ -407,9 +401,9 @@ static void test_timeouts_and_signals(void) {
         return;
     }
     struct bus_msg m;
-    int64_t t0 = bus_now_ms();
+    int64_t t0 = clock_ms();
     int r = bus_recv(s, &m, 50);
-    int64_t waited = bus_now_ms() - t0;
+    int64_t waited = clock_ms() - t0;
     CHECK(r == BUS_TIMEOUT && waited >= 45, "timeout: %s after %lld ms", bus_status_str(r), (long long)waited);
     CHECK(bus_recv(s, &m, 0) == BUS_TIMEOUT, "zero timeout polls");
 
@@ -458,10 +452,10 @@ static void test_heartbeats(void) {
         bus_socket *d = bus_connect(c, BUS_DEALER, ep, "npu-worker", NULL);
         if (!d) _exit(30);
         struct bus_ticker tk;
-        int64_t start = bus_now_ms();
+        int64_t start = clock_ms();
         bus_ticker_init(&tk, 10, start);
         int rc = 0;
-        for (int64_t now = start; now < start + 100; now = bus_now_ms()) {
+        for (int64_t now = start; now < start + 100; now = clock_ms()) {
             if (bus_heartbeat(d, &tk, MSG_HEARTBEAT, now)) rc = 31;
             usleep(1000);
         }
@@ -474,14 +468,14 @@ static void test_heartbeats(void) {
     struct bus_msg m;
     while (router && bus_recv(router, &m, 300) == BUS_OK) {
         if (m.type == MSG_HEARTBEAT && m.len == 0) beats++;
-        bus_peers_seen(&peers, m.peer, m.peer_len, bus_now_ms());
+        bus_peers_seen(&peers, m.peer, m.peer_len, clock_ms());
     }
     int status = -1;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "heartbeat worker status %d", status);
     CHECK(beats >= 2 && beats <= 11, "%d beats in 100 ms at a 10 ms period", beats);
     int i = bus_peers_find(&peers, "npu-worker", 10);
-    CHECK(i == 0 && !bus_peers_alive(&peers, i, bus_now_ms()), "silent worker declared dead");
+    CHECK(i == 0 && !bus_peers_alive(&peers, i, clock_ms()), "silent worker declared dead");
     bus_close(router);
     bus_ctx_free(ctx);
 }

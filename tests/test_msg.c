@@ -4,8 +4,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "msg.h"
 #include "test.h"
 
@@ -582,12 +582,6 @@ static void test_refusals(void) {
 
 /* ---- batched DecodeTask: size and speed -------------------------------------------------- */
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 static void test_batched_task(void) {
     enum { N_CL = 32, PER = 128 };
     static uint32_t ids[N_CL][PER];
@@ -626,14 +620,14 @@ static void test_batched_task(void) {
     msg_free(e);
 
     const int reps = 2000;
-    double t0 = now_us();
+    double t0 = clock_seconds() * 1e6;
     for (int r = 0; r < reps; r++) {
         msg_pack(&f.env, buf, sizeof buf, &len);
         e = msg_unpack(buf, len, err, sizeof err);
         if (e) msg_validate(e, &LIM, err, sizeof err);
         msg_free(e);
     }
-    double per = (now_us() - t0) / reps;
+    double per = (clock_seconds() * 1e6 - t0) / reps;
     printf("batched DecodeTask (%d clusters x %d neurons): %zu bytes (%.2f B/neuron), "
            "pack+unpack+validate %.1f us\n", N_CL, PER, len, (double)len / (N_CL * PER), per);
 }

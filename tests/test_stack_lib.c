@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "oracle.h"
 #include "stack.h"
 #include "test.h"
@@ -242,7 +243,7 @@ static void test_ctl(void) {
     CHECK(ctl_check(c, "/models/a.gguf", 12345, err, sizeof err) == -1, "bad magic accepted");
     c->magic ^= 1;
 
-    int64_t before = ctl_now_ms();
+    int64_t before = clock_ms();
     proc_row *r = ctl_proc_claim(c, "cpu-worker.0", 100);
     CHECK(r && r->starts == 1 && r->pid == 100 && r->state == PROC_STARTING && r->heartbeat_ms >= before, "first claim");
     proc_row *again = ctl_proc_claim(c, "cpu-worker.0", 200);
@@ -301,9 +302,9 @@ static void test_barrier(void) {
     /* a new epoch releases a waiter whose peer never comes */
     pid_t kid = fork();
     if (kid == 0) {
-        int64_t t0 = ctl_now_ms();
+        int64_t t0 = clock_ms();
         int rc = ctl_barrier_wait(&s->ctl, epoch, 2, 20000);
-        _exit(rc == -1 && ctl_now_ms() - t0 < 10000 ? 0 : 1);
+        _exit(rc == -1 && clock_ms() - t0 < 10000 ? 0 : 1);
     }
     nanosleep(&(struct timespec){0, 100000000L}, NULL);
     uint32_t next = ctl_new_epoch(&s->ctl);
@@ -315,9 +316,9 @@ static void test_barrier(void) {
     CHECK(ctl_barrier_wait(&s->ctl, next, 1, 1000) == 0, "a lone worker of the new epoch waits");
 
     /* with nobody else coming, the wait ends at the timeout */
-    int64_t t0 = ctl_now_ms();
+    int64_t t0 = clock_ms();
     int rc = ctl_barrier_wait(&s->ctl, next, 2, 150);
-    int64_t took = ctl_now_ms() - t0;
+    int64_t took = clock_ms() - t0;
     CHECK(rc == -1 && took >= 150 && took < 5000, "timeout: rc %d after %lld ms", rc, (long long)took);
     munmap(s, sizeof *s);
 }

@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "f16.h"
 #include "kernels.h"
 #include "log.h"
@@ -25,12 +25,6 @@ typedef struct {
 enum { KIND_F32, KIND_F16, KIND_Q8_0, KIND_Q4_0, KIND_Q4_0_GEMV, KIND_COUNT };
 
 static volatile float sink; /* keeps the dot products from being optimised away */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng_next(void) { /* xorshift64* */
@@ -95,11 +89,11 @@ static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows,
                       const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n, double min_seconds) {
     dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n); /* warm-up */
     double best = 1e30;
-    const double start = now_seconds();
-    for (int pass = 0; pass < 3 || now_seconds() - start < min_seconds; pass++) {
-        const double t0 = now_seconds();
+    const double start = clock_seconds();
+    for (int pass = 0; pass < 3 || clock_seconds() - start < min_seconds; pass++) {
+        const double t0 = clock_seconds();
         dot_all_rows(k, kind, w, rows, row_bytes, x32, x16, x8, n);
-        const double t = now_seconds() - t0;
+        const double t = clock_seconds() - t0;
         if (t < best) best = t;
     }
     return (double)rows * (double)row_bytes / best / 1e9;
@@ -112,11 +106,11 @@ static double measure_pred_gemv(pred_gemv_f16_fn fn, const uint8_t *w, size_t by
     const size_t call_bytes = (size_t)rows * row_stride, calls = bytes / call_bytes ? bytes / call_bytes : 1;
     fn(w, row_stride, rows, x, n, y); /* warm-up */
     double best = 1e30;
-    const double start = now_seconds();
-    for (int pass = 0; pass < 3 || now_seconds() - start < min_seconds; pass++) {
-        const double t0 = now_seconds();
+    const double start = clock_seconds();
+    for (int pass = 0; pass < 3 || clock_seconds() - start < min_seconds; pass++) {
+        const double t0 = clock_seconds();
         for (size_t c = 0; c < calls; c++) fn(w + c * call_bytes, row_stride, rows, x, n, y);
-        const double t = now_seconds() - t0;
+        const double t = clock_seconds() - t0;
         if (t < best) best = t;
     }
     sink = y[rows - 1];

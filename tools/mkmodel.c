@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "ggml_types.h"
 #include "gguf.h"
 #include "kernels.h"
@@ -367,12 +367,6 @@ static double gate_quant_error(const synth_params *p, uint32_t type) {
     return den > 0 ? num / den : 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int write_model(const options *o, const synth_model *sm, const synth_vocab *v) {
     tensor_list L = {0};
     int rc = -1;
@@ -410,11 +404,11 @@ static int write_model(const options *o, const synth_model *sm, const synth_voca
     }
     if (gguf_w_begin(w, fp)) goto write_error;
     log_info("writing %s: %d tensors, %.1f MiB of weights", o->out, L.n, (double)total / (1 << 20));
-    double t0 = now_s();
+    double t0 = clock_seconds();
     for (int i = 0; i < L.n; i++) {
         if (write_tensor_data(w, pool, sm, &L.t[i], scratch, buf)) goto write_error;
         if (i + 1 < L.n && L.t[i + 1].layer != L.t[i].layer)
-            log_info("layer %d written (%.1f s)", L.t[i].layer, now_s() - t0);
+            log_info("layer %d written (%.1f s)", L.t[i].layer, clock_seconds() - t0);
     }
     if (gguf_w_finish(w)) goto write_error;
     if (fclose(fp)) {
@@ -423,7 +417,7 @@ static int write_model(const options *o, const synth_model *sm, const synth_voca
         goto done;
     }
     fp = NULL;
-    log_info("wrote %s in %.1f s", o->out, now_s() - t0);
+    log_info("wrote %s in %.1f s", o->out, clock_seconds() - t0);
     rc = 0;
     goto done;
 write_error:

@@ -11,6 +11,7 @@
 
 #include "bus.h"
 #include "cli.h"
+#include "clock.h"
 #include "ffn_chunks.h"
 #include "log.h"
 #include "msg.h"
@@ -163,27 +164,27 @@ static const proc_row *coordinator_row(const char *runid, shm_segment **seg) {
 }
 
 static bool coordinator_gone(const proc_row *r) {
-    return r && (atomic_load(&r->state) == PROC_DEAD || ctl_now_ms() - atomic_load(&r->heartbeat_ms) > COORDINATOR_DEAD_MS);
+    return r && (atomic_load(&r->state) == PROC_DEAD || clock_ms() - atomic_load(&r->heartbeat_ms) > COORDINATOR_DEAD_MS);
 }
 
 /* Streams the answer; returns the exit status. */
 static int receive(bus_socket *s, const options *o, const proc_row *coordinator) {
     uint32_t next_index = 0;
     bool started = false;
-    int64_t last_heard = ctl_now_ms();
+    int64_t last_heard = clock_ms();
     for (;;) {
         struct bus_msg bm;
         int rc = bus_recv(s, &bm, POLL_SLICE_MS);
         if (rc == BUS_TIMEOUT) {
             bool gone = coordinator_gone(coordinator);
-            if (!gone && ctl_now_ms() - last_heard < (int64_t)o->timeout_s * 1000) continue;
+            if (!gone && clock_ms() - last_heard < (int64_t)o->timeout_s * 1000) continue;
             if (started) fputc('\n', stdout);
             fflush(stdout);
             if (gone) log_error("the coordinator of stack '%s' stopped (see pi2 status and its log)", o->runid);
             else log_error("the stack sent nothing for %d s (is the coordinator up? see pi2 status)", o->timeout_s);
             return 1;
         }
-        last_heard = ctl_now_ms();
+        last_heard = clock_ms();
         if (rc == BUS_EINTR) return 1;
         if (rc != BUS_OK) {
             log_warn("dropped a frame: %s", bus_status_str(rc));

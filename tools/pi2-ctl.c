@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "log.h"
 #include "rundir.h"
 #include "shm.h"
@@ -163,7 +164,7 @@ static int cmd_status(const char *runid) {
            (unsigned long long)atomic_load(&ctl->epoch));
     printf("%-16s %8s %-9s %10s %10s %8s %10s  %s\n", "process", "pid", "state", "beat_ms", "tokens", "restarts",
            "rss_MiB", "cpus");
-    int64_t now = ctl_now_ms();
+    int64_t now = clock_ms();
     for (int i = 0; i < STACK_MAX_PROCS; i++)
         if (ctl->procs[i].name[0]) print_process(&ctl->procs[i], now);
     shm_detach(seg);
@@ -211,8 +212,7 @@ static int cmd_cleanup(const char *runid) {
 /* ---- wait-ready ---- */
 
 static int cmd_wait_ready(const char *runid, double timeout_s) {
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_seconds();
     char err[512] = "";
     for (;;) {
         const stack_ctl *ctl;
@@ -226,8 +226,7 @@ static int cmd_wait_ready(const char *runid, double timeout_s) {
             }
             snprintf(err, sizeof err, "run '%s': the weights are still loading", runid);
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9 > timeout_s) {
+        if (clock_seconds() - t0 > timeout_s) {
             log_error("not ready after %.1f s: %s", timeout_s, err);
             return 1;
         }

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "log.h"
 #include "model.h"
 #include "predictor.h"
@@ -136,12 +136,6 @@ static void free_prompts(char **p, int n) {
     free(p);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 /* Per-layer recall / precision; returns the all-layer totals. */
@@ -226,14 +220,14 @@ static int cmd_build_or_eval(bool build, const options *o) {
         run.prompts = (const char *const *)file_prompts;
         run.n_prompts = n_file;
     }
-    double t0 = now_s();
+    double t0 = clock_seconds();
     if (build) {
         predictor_build_opts b = {o->out_path, o->rank, o->recall, o->silu_keep, (uint32_t)o->type, o->power_iters, run};
         if (predictor_build(&m, &b, err, sizeof err)) {
             log_error("%s", err);
             goto done;
         }
-        log_info("built %s in %.1f s", o->out_path, now_s() - t0);
+        log_info("built %s in %.1f s", o->out_path, clock_seconds() - t0);
         rc = 0;
         goto done;
     }
@@ -248,8 +242,8 @@ static int cmd_build_or_eval(bool build, const options *o) {
         log_error("%s", stats ? err : "out of memory");
     } else {
         predictor_layer_stats all = print_table(&m, stats);
-        log_info("evaluated %d tokens in %.1f s", tokens, now_s() - t0);
-        t0 = now_s();
+        log_info("evaluated %d tokens in %.1f s", tokens, clock_seconds() - t0);
+        t0 = clock_seconds();
         predictor_agree_opts ao = {run, o->free_gen};
         predictor_agreement a;
         if (predictor_agree(&m, p, &ao, &a, err, sizeof err) < 0) {
@@ -257,7 +251,7 @@ static int cmd_build_or_eval(bool build, const options *o) {
         } else {
             print_agreement(&m, &a, o->free_gen);
             print_summary(&m, p, &all, tokens, &a, o->free_gen);
-            log_info("compared with dense in %.1f s", now_s() - t0);
+            log_info("compared with dense in %.1f s", clock_seconds() - t0);
             rc = 0;
         }
     }

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "engine.h"
 #include "kernels.h"
 #include "log.h"
@@ -103,12 +104,6 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void emit(const tokenizer *tok, int token) {
     char piece[256];
     size_t n = tokenizer_piece(tok, token, piece, sizeof piece);
@@ -140,13 +135,13 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     fputs(o->prompt, stdout);
     sampler smp;
     sampler_init(&smp, o->temp, o->top_k, o->top_p, o->seed);
-    double t0 = now_s(), t_prompt = 0;
+    double t0 = clock_seconds(), t_prompt = 0;
     float *logits = NULL;
     char err[256];
     /* the prompt with a dense FFN, as the stack's prefill; generated tokens in the chosen mode */
     engine_set_ffn_mode(e, FFN_DENSE, NULL, err, sizeof err);
     logits = engine_prefill(e, tokens, n_prompt);
-    t_prompt = now_s() - t0;
+    t_prompt = clock_seconds() - t0;
     if (engine_set_ffn_mode(e, o->ffn, pred, err, sizeof err)) {
         log_error("%s", err);
         free(tokens);
@@ -154,7 +149,7 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     }
     int n_gen = 0, pos = n_prompt;
     double ffn_active = 0, ffn_bytes = 0; /* summed over decode steps */
-    double t1 = now_s();
+    double t1 = clock_seconds();
     while (n_gen < o->n_predict) {
         int next = sampler_sample(&smp, logits, m->n_vocab);
         if (next == tokenizer_eos(tok) && !o->ignore_eos) break;
@@ -167,7 +162,7 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
         ffn_active += (double)st.active;
         ffn_bytes += (double)st.bytes;
     }
-    double t_gen = now_s() - t1;
+    double t_gen = clock_seconds() - t1;
     fputc('\n', stdout);
     double gen_rate = n_gen / (t_gen > 0 ? t_gen : 1e-9), bytes = (double)model_bytes_per_token(m);
     log_info("prompt: %d tokens in %.3f s (%.2f tok/s); generated: %d tokens in %.3f s (%.2f tok/s)", n_prompt,
@@ -209,11 +204,11 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o)) return 2;
     char err[512];
     model m;
-    double t_load = now_s();
+    double t_load = clock_seconds();
     int load_failed = o.load ? model_load_resident(&m, o.model_path, err, sizeof err)
                              : model_load(&m, o.model_path, err, sizeof err);
     if (load_failed) { log_error("%s", err); return 1; }
-    if (o.load) log_info("read %s into memory in %.2f s", o.model_path, now_s() - t_load);
+    if (o.load) log_info("read %s into memory in %.2f s", o.model_path, clock_seconds() - t_load);
     int rc = 1;
     engine *e = NULL;
     predictor *pred = NULL;

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "log.h"
 #include "model.h"
 #include "predictor.h"
@@ -81,12 +81,6 @@ static void log_layer(int l, const uint32_t *counts, const int32_t *perm, int n_
                  100.0 * (double)ours / (double)total, 100.0 * (double)best / (double)total);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int main(int argc, char **argv) {
     log_init(argv[0]);
     options o = {.n_tokens = 512, .gen = 32, .threads = 2};
@@ -106,13 +100,13 @@ int main(int argc, char **argv) {
         goto out;
     }
     predictor_run_opts run = {predictor_calib_prompts, predictor_n_calib_prompts, o.n_tokens, o.gen, o.threads};
-    double t0 = now_s();
+    double t0 = clock_seconds();
     int tokens = reorder_count_firing(&m, &run, counts, err, sizeof err);
     if (tokens <= 0) {
         log_error("%s: %s", o.in, tokens < 0 ? err : "no calibration token could be run");
         goto out;
     }
-    log_info("counted firing on %d calibration tokens (%.1f s)", tokens, now_s() - t0);
+    log_info("counted firing on %d calibration tokens (%.1f s)", tokens, clock_seconds() - t0);
     int granularity = reorder_granularity(&m);
     if (granularity > 1) log_info("quantized ffn_down: neurons move in whole blocks of %d", granularity);
     for (int l = 0; l < m.n_layer; l++) {
@@ -124,12 +118,12 @@ int main(int argc, char **argv) {
         log_layer(l, c, perm + (size_t)l * m.n_ff, m.n_ff, sorted);
     }
     reorder_plan plan = {perm, counts, tokens, granularity};
-    t0 = now_s();
+    t0 = clock_seconds();
     if (reorder_write(&m, &plan, o.out, err, sizeof err)) {
         log_error("%s", err);
         goto out;
     }
-    log_info("wrote %s (%.1f s)", o.out, now_s() - t0);
+    log_info("wrote %s (%.1f s)", o.out, clock_seconds() - t0);
     rc = 0;
 out:
     free(counts);

@@ -10,11 +10,12 @@
  *
  * Where the weights live matters: every gathered row sits on its own page, so
  * on 4 KiB pages each row costs a dTLB miss and a page walk, which 2 MiB pages
- * spare (Q4_0 gathers read ~10% faster on them here). By default the weights
- * are placed as in the stack: a shared-memory object mapped MAP_SHARED (shmem
- * THP is off on the target machine, so 4 KiB pages); -P picks private
- * anonymous memory on 4 KiB or on transparent huge pages instead, and the
- * share of the weights actually on huge pages is printed. */
+ * spare (Q4_0 gathers read ~10-45% faster on them here). By default the
+ * weights are a shared-memory object mapped MAP_SHARED on 4 KiB pages (shmem
+ * THP is off on the target machine), as the stack's segments were until they
+ * moved to 2 MiB pages (lib/shm.c, MADV_COLLAPSE); -P thp is what the stack
+ * gets now, -P 4k private 4 KiB pages; the share of the weights actually on
+ * huge pages is printed. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
@@ -22,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "f16.h"
 #include "cli.h"
+#include "clock.h"
 #include "kernels.h"
 #include "log.h"
 #include "sparse_kernels.h"
@@ -52,12 +53,6 @@ typedef struct {
 } bench;
 
 static volatile float sink; /* keeps results from being optimised away */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng_next(void) { /* xorshift64* */
@@ -163,12 +158,12 @@ static double run_layer(const bench *b, const kernels *dk, const sparse_type_ker
 static double measure(const bench *b, const kernels *dk, const sparse_type_kernels *sk, int op, double min_seconds,
                       double *us_per_layer) {
     double best = 0, best_time = 1e30;
-    const double start = now_seconds();
-    for (int pass = 0; pass < 4 || now_seconds() - start < min_seconds; pass++) {
-        const double t0 = now_seconds();
+    const double start = clock_seconds();
+    for (int pass = 0; pass < 4 || clock_seconds() - start < min_seconds; pass++) {
+        const double t0 = clock_seconds();
         double bytes = 0;
         for (int l = 0; l < b->layers; l++) bytes += run_layer(b, dk, sk, op, l, pass % ACTIVE_SETS);
-        const double t = now_seconds() - t0;
+        const double t = clock_seconds() - t0;
         if (pass > 0 && t < best_time) { /* pass 0 warms up */
             best_time = t;
             best = bytes / t / 1e9;
@@ -191,10 +186,10 @@ static void usage(FILE *out, const char *prog) {
             "  -s SECONDS   minimum time per measurement (default 0.5)\n"
             "  -t TYPE      only this weight type: f16, q8_0 or q4_0 (default all three)\n"
             "  -u           active sets in random order instead of ascending\n"
-            "  -P PLACE     where the weights live: shm (a shared-memory object, MAP_SHARED, as the\n"
-            "               stack maps them: 4 KiB pages while shmem THP is off), 4k (private\n"
-            "               anonymous, MADV_NOHUGEPAGE) or thp (private anonymous, MADV_HUGEPAGE);\n"
-            "               default shm\n"
+            "  -P PLACE     where the weights live: shm (a shared-memory object, MAP_SHARED, on\n"
+            "               4 KiB pages while shmem THP is off), 4k (private anonymous,\n"
+            "               MADV_NOHUGEPAGE) or thp (private anonymous, MADV_HUGEPAGE: 2 MiB pages,\n"
+            "               as the stack's segments where the kernel can move them); default shm\n"
             "  -i ISA       only this kernel set: scalar, avx2 or avx512 (default all)\n",
             prog);
 }
