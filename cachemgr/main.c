@@ -40,8 +40,10 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-    const char *model, *runid, *ffn, *predictor;
+    const char *model, *runid, *predictor;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
+    ffn_mode ffn;
+    bool ffn_auto; /* resolved for the model (resolve_ffn) */
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -52,8 +54,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
         {"ffn", required_argument, 0, OPT_FFN},       {"predictor", required_argument, 0, OPT_PREDICTOR},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
-    *o = (options){.runid = cli_default_runid(), .ffn = "auto", .cpu_workers = 1, .max_prefill = 512,
-                   .io_timeout_ms = 5000};
+    *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512, .io_timeout_ms = 5000,
+                   .ffn_auto = true};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:c:h", longopts, NULL)) != -1) {
         switch (c) {
@@ -63,7 +65,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_CPU: if (cli_parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
         case OPT_PREFILL: if (cli_parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
-        case OPT_FFN: o->ffn = optarg; break;
+        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
         case OPT_PREDICTOR: o->predictor = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -80,17 +82,14 @@ static int parse_args(int argc, char **argv, options *o) {
 static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
     const model *m = &c->m;
     bool has_fc = m->layers[0].fc1.data != NULL;
-    ffn_mode want;
-    if (!strcmp(o->ffn, "auto"))
+    ffn_mode want = o->ffn;
+    if (o->ffn_auto)
         want = o->predictor || (has_fc && m->act != FFN_SILU) ? FFN_PREDICTOR
                : m->act != FFN_SILU                         ? FFN_GATE_FIRST
                                                             : FFN_DENSE;
-    else if (ffn_mode_parse(o->ffn, &want)) {
-        log_error("--ffn '%s': expected auto, dense, gate-first or predictor", o->ffn);
-        return -1;
-    }
-    if (want == FFN_GATE_FIRST && m->act == FFN_SILU) {
-        log_error("--ffn gate-first needs a ReLU model; %s uses silu", c->model_path);
+    const char *why = ffn_mode_refusal(m, want, true); /* a predictor is loaded (and checked) below */
+    if (why) {
+        log_error("--ffn %s on %s: %s", ffn_mode_name(want), c->model_path, why);
         return -1;
     }
     if (o->predictor && !realpath(o->predictor, c->predictor_path)) {

@@ -68,7 +68,7 @@ typedef struct {
     int top_k;
     uint64_t seed;
     bool ignore_eos;
-    uint32_t ffn_mode;      /* the request's FfnMode (0: the stack's) */
+    Pi2__FfnMode ffn_mode;  /* the request's (unspecified: the stack's) */
 } gen_request;
 
 typedef struct {

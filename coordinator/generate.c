@@ -105,12 +105,11 @@ static int tokenize(coord *c, int32_t *tokens) {
 static int request_mode(coord *c, ffn_mode *mode) {
     const model *m = &c->sv.m;
     ffn_mode stack = (ffn_mode)c->params.ffn_mode;
-    *mode = c->req.ffn_mode ? (ffn_mode)(c->req.ffn_mode - 1) : stack;
-    const char *why = NULL;
-    if (*mode == FFN_GATE_FIRST && m->act == FFN_SILU) why = "gate-first needs a ReLU model";
-    else if (*mode == FFN_GATE_FIRST && stack == FFN_DENSE && !m->layers[0].down_t.data)
+    *mode = ffn_mode_from_wire(c->req.ffn_mode, stack);
+    const char *why = ffn_mode_refusal(m, *mode, true); /* what the model cannot run; then what the stack lacks */
+    if (!why && *mode == FFN_GATE_FIRST && stack == FFN_DENSE && !m->layers[0].down_t.data)
         why = "the stack was started dense: its workers hold no neuron-major down rows (pi2 up --ffn gate-first)";
-    else if (*mode == FFN_PREDICTOR && stack != FFN_PREDICTOR)
+    else if (!why && *mode == FFN_PREDICTOR && stack != FFN_PREDICTOR)
         why = "the stack was started without a predictor (pi2 up --ffn predictor [--predictor FILE])";
     if (!why) return 0;
     client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__INVALID, "ffn mode %s: %s",

@@ -101,7 +101,7 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
         /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
         t.quiet = l + 1 < c->step.n_tasks;
         if (!output) {
-            t.ffn_mode = (Pi2__FfnMode)(mode + 1);
+            t.ffn_mode = ffn_mode_to_wire(mode);
             cluster.layer = (uint32_t)l;
             if (chunked && cluster.n_ranges) t.n_clusters = 1, t.clusters = clusters;
         }

@@ -350,8 +350,7 @@ bool decoder_ffn_chunked(const decoder *d, ffn_mode mode) { return ffn_mode_chun
 
 bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
     if (!decoder_ffn_chunked(d, mode)) return true;
-    if (mode == FFN_GATE_FIRST && d->m->act == FFN_SILU) return false;
-    if (mode == FFN_PREDICTOR && !d->pred) return false;
+    if (ffn_mode_refusal(d->m, mode, d->pred != NULL)) return false;
     if (d->m->layers[0].down_t.data) return true;
     return d->down_t && d->down_t[chunk].data; /* built here (for every layer alike) */
 }

@@ -80,7 +80,7 @@ static int task_step(worker *w, const Pi2__DecodeTask *t, decode_step *s) {
     const model *m = &w->sv->m;
     *s = (decode_step){(int)t->layer, (int)t->position, t->epoch, FFN_DENSE, w->chunks, 0};
     if ((int)t->layer == m->n_layer) return 0;
-    s->mode = (ffn_mode)(t->ffn_mode - 1); /* msg_validate checked the range */
+    s->mode = ffn_mode_from_wire(t->ffn_mode, FFN_DENSE); /* msg_validate refused 0 and values past the modes */
     if (!decoder_ffn_chunked(w->dec, s->mode)) return 0;
     const long size = ffn_chunk_neurons(m), n_chunks = ffn_chunk_count(m);
     for (size_t c = 0; c < t->n_clusters; c++) {

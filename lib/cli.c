@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 
@@ -41,6 +42,20 @@ int cli_parse_double(const char *s, const char *flag, double lo, double hi, doub
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int cli_parse_ffn_mode(const char *s, const char *flag, ffn_mode *mode, bool *is_auto) {
+    if (is_auto && !strcmp(s, "auto")) {
+        *is_auto = true;
+        return 0;
+    }
+    if (ffn_mode_parse(s, mode)) {
+        log_error("%s '%s': expected %s%s, %s or %s", flag, s, is_auto ? "auto, " : "", ffn_mode_name(FFN_DENSE),
+                  ffn_mode_name(FFN_GATE_FIRST), ffn_mode_name(FFN_PREDICTOR));
+        return -1;
+    }
+    if (is_auto) *is_auto = false;
     return 0;
 }
 

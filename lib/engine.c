@@ -141,19 +141,14 @@ static int predictor_buffers_alloc(engine *e, const predictor *p) {
 }
 
 int engine_set_ffn_mode(engine *e, ffn_mode mode, const predictor *p, char *err, size_t errlen) {
-    if (mode == FFN_GATE_FIRST && e->m->act == FFN_SILU) {
-        snprintf(err, errlen, "gate-first FFN needs a ReLU model; this one uses silu (every neuron fires)");
+    const char *why = ffn_mode_refusal(e->m, mode, p != NULL);
+    if (why) {
+        snprintf(err, errlen, "%s", why);
         return -1;
     }
-    if (mode == FFN_PREDICTOR) {
-        if (!p) {
-            snprintf(err, errlen, "predictor mode needs a predictor");
-            return -1;
-        }
-        if (predictor_buffers_alloc(e, p)) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
+    if (mode == FFN_PREDICTOR && predictor_buffers_alloc(e, p)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
     if (mode != FFN_DENSE && e->llama) {
         snprintf(err, errlen, "llama.cpp compatibility computes the dense FFN only");

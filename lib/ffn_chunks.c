@@ -29,6 +29,13 @@ int ffn_mode_parse(const char *s, ffn_mode *mode) {
     return -1;
 }
 
+const char *ffn_mode_refusal(const model *m, ffn_mode mode, bool have_predictor) {
+    if (mode == FFN_GATE_FIRST && m->act == FFN_SILU)
+        return "gate-first needs a ReLU model; this one uses silu (every neuron fires)";
+    if (mode == FFN_PREDICTOR && !have_predictor) return "predictor mode needs a predictor";
+    return NULL;
+}
+
 /* A multiple of 32, so a chunk boundary is a Q8_0/Q4_0 block boundary of ffn_down's rows. */
 int ffn_chunk_neurons(const model *m) {
     long n = (m->n_ff + CHUNK_TARGET - 1) / CHUNK_TARGET;

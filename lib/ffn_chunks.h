@@ -42,6 +42,11 @@ const char *ffn_mode_name(ffn_mode mode); /* "dense", "gate-first", "predictor" 
  * ffn_down matrix (a PWRI file has only ffn_down_t, so even dense is chunked). */
 bool ffn_mode_chunked(const model *m, ffn_mode mode);
 int ffn_mode_parse(const char *s, ffn_mode *mode); /* 0, or -1 for an unknown name */
+/* Why m cannot run mode, or NULL: gate-first needs a ReLU model, predictor
+ * mode a predictor (have_predictor). Whether neuron-major down rows exist is
+ * the caller's to check: the engine builds them, a stack's workers hold them
+ * only for the stack's mode. */
+const char *ffn_mode_refusal(const model *m, ffn_mode mode, bool have_predictor);
 
 int ffn_chunk_neurons(const model *m);
 int ffn_chunk_count(const model *m);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ffn_chunks.h"
 #include "pi2.pb-c.h"
 
 #define PI2_PROTO_VERSION 1u
@@ -35,6 +36,18 @@ typedef struct {
     uint64_t model_file_size;         /* the file IoRead.file_offset addresses */
     uint64_t slot_size;               /* bytes of one neuron's cache slot (bundle) */
 } msg_limits;
+
+/* FfnMode on the wire is enum ffn_mode + 1: 0 (unspecified) leaves a
+ * GenerateRequest's mode to the stack, and msg_validate refuses it in a DecodeTask. */
+_Static_assert(PI2__FFN_MODE__FFN_MODE_DENSE == FFN_DENSE + 1 &&
+                   PI2__FFN_MODE__FFN_MODE_GATE_FIRST == FFN_GATE_FIRST + 1 &&
+                   PI2__FFN_MODE__FFN_MODE_PREDICTOR == FFN_PREDICTOR + 1,
+               "FfnMode (proto/pi2.proto) and enum ffn_mode (ffn_chunks.h) disagree");
+static inline Pi2__FfnMode ffn_mode_to_wire(ffn_mode mode) { return (Pi2__FfnMode)(mode + 1); }
+/* A validated wire value (msg_validate); if_unspecified for 0. */
+static inline ffn_mode ffn_mode_from_wire(Pi2__FfnMode wire, ffn_mode if_unspecified) {
+    return wire == PI2__FFN_MODE__FFN_MODE_UNSPECIFIED ? if_unspecified : (ffn_mode)(wire - 1);
+}
 
 /* Initialises an Envelope with the current version; the caller sets body_case and the body. */
 void msg_envelope_init(Pi2__Envelope *env, uint64_t seq, uint64_t session);

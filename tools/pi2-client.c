@@ -28,7 +28,8 @@ typedef struct {
     float temp, top_p;
     uint64_t seed;
     int ignore_eos;
-    int ffn_mode; /* FfnMode on the wire: 0 = the stack's */
+    ffn_mode ffn;
+    bool ffn_given; /* else the stack's mode */
 } options;
 
 static void usage(FILE *f) {
@@ -70,15 +71,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPK: if (cli_parse_int(optarg, "--top-k", 0, 1 << 24, &o->top_k)) return -1; break;
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
-        case OPT_FFN: {
-            ffn_mode mode;
-            if (ffn_mode_parse(optarg, &mode)) {
-                log_error("--ffn '%s': expected dense, gate-first or predictor", optarg);
-                return -1;
-            }
-            o->ffn_mode = (int)mode + 1;
-            break;
-        }
+        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, NULL)) return -1; o->ffn_given = true; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--timeout", 1, 86400, &o->timeout_s)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -118,7 +111,7 @@ static int send_request(bus_socket *s, const options *o) {
     Pi2__GenerateRequest g = PI2__GENERATE_REQUEST__INIT;
     g.prompt.data = (uint8_t *)o->prompt, g.prompt.len = strlen(o->prompt);
     g.n_predict = (uint32_t)o->n_predict, g.sampling = &sp, g.ignore_eos = o->ignore_eos;
-    g.ffn_mode = (Pi2__FfnMode)o->ffn_mode;
+    g.ffn_mode = o->ffn_given ? ffn_mode_to_wire(o->ffn) : PI2__FFN_MODE__FFN_MODE_UNSPECIFIED;
     Pi2__Envelope env;
     msg_envelope_init(&env, 1, 0);
     env.body_case = PI2__ENVELOPE__BODY_GENERATE_REQUEST;

@@ -85,13 +85,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_LOAD: o->load = 1; break;
-        case OPT_FFN:
-            if (ffn_mode_parse(optarg, &o->ffn)) {
-                log_error("--ffn '%s': expected dense, gate-first or predictor", optarg);
-                return -1;
-            }
-            ffn_given = 1;
-            break;
+        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, NULL)) return -1; ffn_given = 1; break;
         case OPT_PREDICTOR: o->predictor_path = optarg; break;
         case OPT_LLAMA: o->llama_compat = 1; break;
         case 'h': usage(stdout); exit(0);
