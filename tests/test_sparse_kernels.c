@@ -1,7 +1,7 @@
 /* Sparse kernel tests. For every kernel set this CPU can run, on random rows of
  * every weight type and many lengths, with index sets that are empty, one row
  * (the last one, ending exactly at the end of its allocation, so ASan sees any
- * read past a row), all rows in order, all rows shuffled and random subsets:
+ * read past a row), all rows in order, all rows shuffled, random subsets and 3 and 5 rows:
  *   - gather dot equals the dense dot of its matching kernels.h set bit for bit,
  *     and the fused gate+up form equals two plain gathers;
  *   - every ISA's dot is within the summation-order bound of the scalar one,
@@ -104,8 +104,10 @@ static int dot_terms(uint32_t type, int n) { return type == GGML_TYPE_Q4_0 || ty
 
 /* ---- index sets ---- */
 
-enum { SET_EMPTY, SET_LAST, SET_ALL, SET_SHUFFLED, SET_SUBSET, SET_KINDS };
-static const char *const set_names[SET_KINDS] = {"empty", "last row", "all", "all shuffled", "random subset"};
+/* 3 and 5 rows: fewer than one pass of the avx512 Q4_0 gather, and (fused gate+up) one and a remainder */
+enum { SET_EMPTY, SET_LAST, SET_ALL, SET_SHUFFLED, SET_SUBSET, SET_THREE, SET_FIVE, SET_KINDS };
+static const char *const set_names[SET_KINDS] = {"empty",         "last row", "all",   "all shuffled",
+                                                 "random subset", "3 rows",   "5 rows"};
 
 /* fills idx, returns the count; indices never repeat */
 static int make_index_set(int kind, int rows, int32_t *idx) {
@@ -121,7 +123,10 @@ static int make_index_set(int kind, int rows, int32_t *idx) {
             idx[r] = idx[j];
             idx[j] = t;
         }
-        return kind == SET_SHUFFLED ? rows : 1 + (int)(rng_u32() % (uint32_t)rows);
+        return kind == SET_SHUFFLED ? rows
+               : kind == SET_THREE  ? 3
+               : kind == SET_FIVE   ? 5
+                                    : 1 + (int)(rng_u32() % (uint32_t)rows);
     }
 }
 
@@ -225,7 +230,7 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
 }
 
 static void test_type(uint32_t type, const int *lengths, int nlengths) {
-    const int rows = 37; /* more than one batch of 32 rows in the avx512 Q4_0 gather, and a partial one */
+    const int rows = 37; /* passes of the avx512 Q4_0 gather (8 rows) and a remainder, also fused (74 rows) */
     for (int li = 0; li < nlengths; li++) {
         const int n = lengths[li];
         for (int padded = 0; padded < 2; padded++) {
