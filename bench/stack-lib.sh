@@ -1,0 +1,85 @@
+# shellcheck shell=bash
+# Sourced by the benchmarks that time pi2 stacks (bench/sparse-decode,
+# bench/stack-overhead, bench/ab-stacks): a temporary directory, stacks that
+# are taken down on exit, timing parsed from the generation lines, medians.
+# (Not in a subdirectory: `shellcheck -x bench/*` would stop at it.)
+# The caller sets BENCH_PI2 (a pi2 binary) before bench_stack_up; each stack
+# keeps the pi2 it came up with, so two builds can run side by side.
+
+declare -gA BENCH_PI2_OF=() # run id -> the pi2 that brought it up
+
+# bench_init: BENCH_TMP (removed on exit), BENCH_CONF (a two-worker config in
+# it) and the exit trap that takes down every stack still up
+bench_init() {
+    BENCH_TMP=$(mktemp -d)
+    BENCH_CONF=$BENCH_TMP/two.conf
+    bench_conf_two_workers "$BENCH_CONF"
+    trap bench_cleanup EXIT
+}
+bench_cleanup() {
+    local id
+    for id in "${!BENCH_PI2_OF[@]}"; do "${BENCH_PI2_OF[$id]}" down -r "$id" >/dev/null 2>&1 || true; done
+    rm -rf "$BENCH_TMP"
+}
+
+# bench_conf FILE LINE...: a stack config, cachemgr, io-worker and coordinator on CPU 0, then LINE...
+bench_conf() {
+    local file=$1
+    shift
+    printf '%s\n' "cachemgr cpus=0" "io-worker cpus=0" "coordinator cpus=0" "$@" >"$file"
+}
+# bench_conf_two_workers FILE [LINE...]: bench_conf with LINE... and then
+# 2 cpu-workers x 1 thread pinned to CPUs 0 and 1
+bench_conf_two_workers() {
+    local file=$1
+    shift
+    bench_conf "$file" "$@" "cpu-worker cpus=0 threads=1" "cpu-worker cpus=1 threads=1"
+}
+
+bench_run_id() { printf 'bench-%s-%s\n' "$$" "$1"; } # bench_run_id NAME: the run id of stack NAME
+
+# bench_stack_up NAME MODEL [pi2 up flags]: a stack of $BENCH_PI2 on BENCH_CONF,
+# --ctx 256; the flags come last, so they may override (-c FILE, --ctx N)
+bench_stack_up() {
+    local id model=$2
+    id=$(bench_run_id "$1")
+    shift 2
+    BENCH_PI2_OF[$id]=$BENCH_PI2
+    "$BENCH_PI2" up -m "$model" -c "$BENCH_CONF" -r "$id" --ctx 256 --timeout 600 "$@" 2>"$BENCH_TMP/up.log" ||
+        { cat "$BENCH_TMP/up.log" >&2; exit 1; }
+}
+bench_stack_down() { # bench_stack_down NAME
+    local id
+    id=$(bench_run_id "$1")
+    "${BENCH_PI2_OF[$id]}" down -r "$id" >/dev/null
+    unset "BENCH_PI2_OF[$id]"
+}
+
+# bench_gen NAME [pi2 run flags]: one generation on stack NAME; its stderr
+# (with the timing line) left in BENCH_TMP/gen.err
+bench_gen() {
+    local id
+    id=$(bench_run_id "$1")
+    shift
+    "${BENCH_PI2_OF[$id]}" run -r "$id" "$@" >/dev/null 2>"$BENCH_TMP/gen.err" ||
+        { cat "$BENCH_TMP/gen.err" >&2; exit 1; }
+}
+# bench_gen_ms NAME [pi2 run flags]: bench_gen, then prints its decode ms/token
+bench_gen_ms() {
+    bench_gen "$@"
+    local ms
+    ms=$(bench_ms_per_token <"$BENCH_TMP/gen.err")
+    [ -n "$ms" ] || { cat "$BENCH_TMP/gen.err" >&2; echo "bench: no timing line from pi2 run" >&2; exit 1; }
+    echo "$ms"
+}
+# bench_ms_per_token: decode ms/token of each timing line on stdin (pi2 run's and pi2-ref's), e.g.
+# "prompt: 5 tokens in 0.9 s (5.4 tok/s); generated: 32 tokens in 2.1 s (15.2 tok/s)" -> 65.625000
+bench_ms_per_token() {
+    sed -n 's/.*generated: \([0-9]*\) tokens in \([0-9.]*\) s.*/\2 \1/p' | awk '{ printf "%.6f\n", 1000 * $1 / $2 }'
+}
+
+# bench_median: of the numbers on stdin, one a line: "MIN MEDIAN MAX COUNT"
+bench_median() {
+    sort -g | awk '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.10g %.10g %.10g %d\n", v[1], m, v[NR], NR }'
+}
