@@ -34,6 +34,7 @@ int engine_set_llama_compat(engine *e, bool on, char *err, size_t errlen) {
 /* A prompt's activations, token after token ([n][width] each). */
 typedef struct {
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *hb;
+    float *rope_cs;  /* [n][head_dim]: rope_angles at each position, the same in every layer */
     uint16_t *q16;
     uint16_t *f16;   /* [n][wide]: activations converted for F16 weights */
     block_q8_0 *q8;  /* [n][q8_stride] and for quantized ones */
@@ -42,7 +43,7 @@ typedef struct {
 
 static void batch_free(batch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->hb); free(b->q16); free(b->f16); free(b->q8);
+    free(b->gate); free(b->up); free(b->hb); free(b->rope_cs); free(b->q16); free(b->f16); free(b->q8);
 }
 
 static int batch_alloc(batch *b, const engine *e, int n) {
@@ -61,11 +62,16 @@ static int batch_alloc(batch *b, const engine *e, int n) {
     b->gate = engine_xcalloc(N * F, sizeof(float), &bad);
     b->up = engine_xcalloc(N * F, sizeof(float), &bad);
     b->hb = engine_xcalloc(N * F, sizeof(float), &bad);
+    b->rope_cs = engine_xcalloc(N * (size_t)m->head_dim, sizeof(float), &bad);
     b->q16 = engine_xcalloc(N * D, sizeof(uint16_t), &bad);
     b->f16 = engine_xcalloc(N * (size_t)b->wide, sizeof(uint16_t), &bad);
     b->q8 = engine_xcalloc(N * (size_t)b->q8_stride, sizeof(block_q8_0), &bad);
-    if (bad) batch_free(b);
-    return bad ? -1 : 0;
+    if (bad) {
+        batch_free(b);
+        return -1;
+    }
+    for (int t = 0; t < n; t++) rope_angles(b->rope_cs + (size_t)t * m->head_dim, m->head_dim, t, m->rope_base);
+    return 0;
 }
 
 /* out[t][r] = W[r] . in[t] for the n tokens; rows shared out */
@@ -102,25 +108,47 @@ static void batch_matmul_worker(void *ctx, int ith, int nth) {
     }
 }
 
-/* llama.cpp's matrix product of a batch: tinyBLAS where its sgemm takes it
- * (F32 weights; its F16 and quantized products are not copied), else ggml's dots */
+/* Convert the n tokens' inputs (in_stride apart) once for all the weights ws
+ * that read them (the F16 and / or Q8_0 forms their types need; a weight that
+ * tinyBLAS takes reads the F32 input). nw <= 3. */
+static void batch_convert(engine *e, batch *b, const float *in, int in_stride, int n, const weight *const *ws,
+                          int nw) {
+    const weight *need[3];
+    int n_need = 0;
+    for (int i = 0; i < nw; i++)
+        if (!batch_takes_tinyblas(ws[i], n)) need[n_need++] = ws[i];
+    if (!n_need) return;
+    for (int t = 0; t < n; t++) {
+        act_vec a = {NULL, b->f16 + (size_t)t * b->wide, b->q8 + (size_t)t * b->q8_stride};
+        act_convert_for(e->k, &a, in + (size_t)t * in_stride, (int)need[0]->cols, need, n_need);
+    }
+}
+
+/* llama.cpp's matrix product of a batch whose input batch_convert has
+ * converted for w: tinyBLAS where its sgemm takes it (F32 weights; its F16
+ * and quantized products are not copied), else ggml's dots */
 static void batch_matmul(engine *e, batch *b, const weight *w, const float *in, int in_stride, int n, float *out,
                          int out_stride) {
     batch_matmul_job j = {e, b, w, in, out, n, in_stride, out_stride};
-    if (!batch_takes_tinyblas(w, n))
-        for (int t = 0; t < n; t++) {
-            act_vec a = {NULL, b->f16 + (size_t)t * b->wide, b->q8 + (size_t)t * b->q8_stride};
-            act_convert_for(e->k, &a, in + (size_t)t * in_stride, (int)w->cols, &w, 1);
-        }
     pool_run(e->pool, batch_matmul_worker, &j);
+}
+
+/* batch_convert for w alone, then batch_matmul */
+static void batch_matmul_one(engine *e, batch *b, const weight *w, const float *in, int in_stride, int n,
+                             float *out, int out_stride) {
+    batch_convert(e, b, in, in_stride, n, &w, 1);
+    batch_matmul(e, b, w, in, in_stride, n, out, out_stride);
 }
 
 typedef struct {
     engine *e;
     const batch *b;
-    int layer, pos, n;
+    int layer, n;
 } batch_attention_job;
 
+/* Every token's attention for a share of the heads: a head costs the same
+ * over the batch whatever thread takes it, and e->scores / e->probs16 are
+ * indexed by head, so threads with disjoint heads share them. */
 static void batch_attention_worker(void *ctx, int ith, int nth) {
     const batch_attention_job *j = ctx;
     engine *e = j->e;
@@ -128,8 +156,9 @@ static void batch_attention_worker(void *ctx, int ith, int nth) {
     kv_layer kv = engine_layer_cache(e, j->layer);
     long h0, h1;
     pool_split(e->m->n_head, ith, nth, &h0, &h1);
-    attention_heads_batch(e->k, e->tb, j->n, e->m, &kv, j->b->q16 + (size_t)j->pos * D, j->pos, e->scores,
-                          e->probs16, j->b->att + (size_t)j->pos * D, h0, h1);
+    for (int t = 0; t < j->n; t++)
+        attention_heads_batch(e->k, e->tb, j->n, e->m, &kv, j->b->q16 + (size_t)t * D, t, e->scores, e->probs16,
+                              j->b->att + (size_t)t * D, h0, h1);
 }
 
 static void add_rows(float *x, const float *y, size_t count) {
@@ -142,21 +171,22 @@ static void batch_attention(engine *e, batch *b, int l, int n) {
     const layer_weights *w = &m->layers[l];
     const int D = m->n_embd, KV = e->kv_dim;
     for (int t = 0; t < n; t++) rmsnorm(b->xb + (size_t)t * D, b->x + (size_t)t * D, w->attn_norm, D, m->rms_eps);
+    const weight *qkv[3] = {&w->wq, &w->wk, &w->wv};
+    batch_convert(e, b, b->xb, D, n, qkv, 3);
     batch_matmul(e, b, &w->wq, b->xb, D, n, b->q, D);
     batch_matmul(e, b, &w->wk, b->xb, D, n, b->k, KV);
     batch_matmul(e, b, &w->wv, b->xb, D, n, b->v, KV);
     kv_layer kv = engine_layer_cache(e, l);
     for (int t = 0; t < n; t++) {
-        rope(b->q + (size_t)t * D, m->n_head, m->head_dim, t, m->rope_base);
-        rope(b->k + (size_t)t * KV, m->n_head_kv, m->head_dim, t, m->rope_base);
+        const float *cs = b->rope_cs + (size_t)t * m->head_dim;
+        rope_apply(b->q + (size_t)t * D, m->n_head, m->head_dim, cs);
+        rope_apply(b->k + (size_t)t * KV, m->n_head_kv, m->head_dim, cs);
         kv_store(e->k, &kv, t, b->k + (size_t)t * KV, b->v + (size_t)t * KV);
         e->k->f32_to_f16_row(b->q + (size_t)t * D, b->q16 + (size_t)t * D, D);
     }
-    for (int t = 0; t < n; t++) {
-        batch_attention_job j = {e, b, l, t, n};
-        pool_run(e->pool, batch_attention_worker, &j);
-    }
-    batch_matmul(e, b, &w->wo, b->att, D, n, b->xb, D);
+    batch_attention_job j = {e, b, l, n};
+    pool_run(e->pool, batch_attention_worker, &j);
+    batch_matmul_one(e, b, &w->wo, b->att, D, n, b->xb, D);
     add_rows(b->x, b->xb, (size_t)n * D);
 }
 
@@ -165,13 +195,15 @@ static void batch_ffn(engine *e, batch *b, int l, int n) {
     const layer_weights *w = &m->layers[l];
     const int D = m->n_embd, F = m->n_ff;
     for (int t = 0; t < n; t++) rmsnorm(b->xb + (size_t)t * D, b->x + (size_t)t * D, w->ffn_norm, D, m->rms_eps);
+    const weight *gate_up[2] = {&w->gate, &w->up};
+    batch_convert(e, b, b->xb, D, n, gate_up, 2);
     batch_matmul(e, b, &w->gate, b->xb, D, n, b->gate, F);
     batch_matmul(e, b, &w->up, b->xb, D, n, b->up, F);
     for (int t = 0; t < n; t++) {
         const size_t o = (size_t)t * F;
         llama_silu_mul(e->k, b->hb + o, b->gate + o, b->up + o, 0, F, F);
     }
-    batch_matmul(e, b, &w->down, b->hb, F, n, b->xb, D);
+    batch_matmul_one(e, b, &w->down, b->hb, F, n, b->xb, D);
     add_rows(b->x, b->xb, (size_t)n * D);
 }
 

@@ -72,12 +72,6 @@ void rope_apply(float *v, int n_heads, int head_dim, const float *cs) {
     }
 }
 
-void rope(float *v, int n_heads, int head_dim, int pos, float base) {
-    float cs[head_dim]; /* head_dim <= n_embd, checked at load */
-    rope_angles(cs, head_dim, pos, base);
-    rope_apply(v, n_heads, head_dim, cs);
-}
-
 void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {
     k->f32_to_f16_row(kvec, kv->k + (size_t)pos * kv->kv_dim, kv->kv_dim);
     for (int d = 0; d < kv->kv_dim; d++) kv->v[(size_t)d * kv->n_ctx + pos] = f32_to_f16(vvec[d]);

@@ -29,9 +29,8 @@ void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, fl
 
 /* llama.cpp's RMSNorm: sum of squares in double, then scale, then the norm weight. */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
-/* GGUF llama RoPE: adjacent pairs, angles by repeated multiplication as ggml does. */
-void rope(float *v, int n_heads, int head_dim, int pos, float base);
-/* The same in two steps, for callers that rotate many heads at one position:
+/* GGUF llama RoPE: adjacent pairs, angles by repeated multiplication as ggml
+ * does. In two steps, since the angles depend on the position only:
  * cs[head_dim] = cos, sin of each pair's angle at pos (the same for every head
  * and layer), then the rotation of n_heads heads by them. */
 void rope_angles(float *cs, int head_dim, int pos, float base);

@@ -20,6 +20,7 @@ struct prefiller {
     float *q;        /* [n_embd] */
     float *kk, *vv;  /* [kv_dim] */
     uint16_t *q16;   /* [n_embd] */
+    float *rope_cs;  /* [head_dim]: rope_angles at the token's position, the same in every layer */
     float *att;      /* attention output, [n_embd] */
     float *hb;       /* FFN activations, [n_ff] */
     float *proj;     /* Wo / down result before the residual add, [n_embd] */
@@ -100,8 +101,9 @@ static void token_one(const token_job *j, int t) {
     case TOK_ROPE_STORE: {
         int pos = j->first + t;
         float *q = row_of(p->q, t, ne), *kk = row_of(p->kk, t, p->kv_dim);
-        rope(q, m->n_head, m->head_dim, pos, m->rope_base);
-        rope(kk, m->n_head_kv, m->head_dim, pos, m->rope_base);
+        const float *cs = row_of(p->rope_cs, t, m->head_dim);
+        rope_apply(q, m->n_head, m->head_dim, cs);
+        rope_apply(kk, m->n_head_kv, m->head_dim, cs);
         kv_layer kv = stack_kv_layer(p->sv, j->layer);
         kv_store(p->k, &kv, pos, kk, row_of(p->vv, t, p->kv_dim));
         p->k->f32_to_f16_row(q, p->q16 + (size_t)t * ne, ne);
@@ -216,9 +218,11 @@ static void finish(prefiller *p, int n) {
 int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,
                   void *tick_ctx) {
     const model *m = p->m;
-    for (int t = 0; t < n; t++)
+    for (int t = 0; t < n; t++) {
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
                        row_of(p->x, t, m->n_embd), m->n_embd);
+        rope_angles(row_of(p->rope_cs, t, m->head_dim), m->head_dim, first + t, m->rope_base);
+    }
     for (int l = 0; l < m->n_layer; l++) {
         if ((uint32_t)atomic_load(&p->sv->ctl->epoch) != epoch) return -1;
         layer_pass(p, l, n, first);
@@ -257,6 +261,7 @@ prefiller *prefiller_new(const stack_view *sv, int n_threads) {
     p->kk = alloc_zero(T * kvd, sizeof(float), &bad);
     p->vv = alloc_zero(T * kvd, sizeof(float), &bad);
     p->q16 = alloc_zero(T * ne, sizeof(uint16_t), &bad);
+    p->rope_cs = alloc_zero(T * (size_t)m->head_dim, sizeof(float), &bad);
     p->att = alloc_zero(T * ne, sizeof(float), &bad);
     p->hb = alloc_zero(T * (size_t)m->n_ff, sizeof(float), &bad);
     p->proj = alloc_zero(T * ne, sizeof(float), &bad);
@@ -278,7 +283,7 @@ prefiller *prefiller_new(const stack_view *sv, int n_threads) {
 void prefiller_free(prefiller *p) {
     if (!p) return;
     pool_free(p->pool);
-    free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->att); free(p->hb);
-    free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8); free(p->scores); free(p->probs16);
+    free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->rope_cs); free(p->att);
+    free(p->hb); free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8); free(p->scores); free(p->probs16);
     free(p);
 }
