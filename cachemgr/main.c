@@ -103,8 +103,9 @@ static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
         predictor_free(p);
     }
     *mode = (int32_t)want;
-    log_info("FFN mode of the stack: %s%s%s", ffn_mode_name(want), want == FFN_PREDICTOR ? ", predictor " : "",
-             want != FFN_PREDICTOR ? "" : o->predictor ? c->predictor_path : "fc1/fc2 of the model");
+    char desc[sizeof c->predictor_path + 64];
+    ffn_mode_describe(desc, sizeof desc, want, o->predictor ? c->predictor_path : NULL, sizeof c->predictor_path);
+    log_info("FFN mode of the stack: %s", desc);
     return 0;
 }
 

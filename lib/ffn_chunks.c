@@ -1,6 +1,7 @@
 /* The chunked sparse FFN: see ffn_chunks.h for the contract. */
 #include "ffn_chunks.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,15 @@ const char *ffn_mode_name(ffn_mode mode) {
     case FFN_PREDICTOR: return "predictor";
     default: return "dense";
     }
+}
+
+void ffn_mode_describe(char *buf, size_t len, ffn_mode mode, const char *path, size_t path_max) {
+    if (mode != FFN_PREDICTOR) {
+        snprintf(buf, len, "%s", ffn_mode_name(mode));
+        return;
+    }
+    if (!path || !path[0]) snprintf(buf, len, "%s, predictor fc1/fc2 of the model", ffn_mode_name(mode));
+    else snprintf(buf, len, "%s, predictor %.*s", ffn_mode_name(mode), (int)path_max, path);
 }
 
 bool ffn_mode_chunked(const model *m, ffn_mode mode) { return mode != FFN_DENSE || !m->layers[0].down.data; }

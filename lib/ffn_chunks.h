@@ -38,6 +38,11 @@ typedef enum { FFN_DENSE, FFN_GATE_FIRST, FFN_PREDICTOR } ffn_mode;
 typedef struct predictor predictor;
 
 const char *ffn_mode_name(ffn_mode mode); /* "dense", "gate-first", "predictor" */
+/* "dense", "gate-first", or "predictor, predictor PATH" ("... fc1/fc2 of the
+ * model" when path is NULL or empty) into buf, as logs and `pi2 status` show
+ * the stack's mode. At most path_max bytes of path are read: it may come from
+ * a shared segment, unterminated. */
+void ffn_mode_describe(char *buf, size_t len, ffn_mode mode, const char *path, size_t path_max);
 /* Whether mode runs by chunks on m: every mode but a dense FFN over an
  * ffn_down matrix (a PWRI file has only ffn_down_t, so even dense is chunked). */
 bool ffn_mode_chunked(const model *m, ffn_mode mode);

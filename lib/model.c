@@ -259,13 +259,21 @@ void model_free(model *m) {
 
 uint64_t weight_bytes(const weight *w) { return w->data ? (uint64_t)w->rows * w->row_bytes : 0; }
 
-uint64_t model_bytes_per_token(const model *m) {
-    uint64_t total = weight_bytes(&m->output) + (uint64_t)m->tok_embd.row_bytes;
+uint64_t model_ffn_bytes_per_token(const model *m) {
+    uint64_t total = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
-        total += weight_bytes(&w->wq) + weight_bytes(&w->wk) + weight_bytes(&w->wv) + weight_bytes(&w->wo) +
-                 weight_bytes(&w->gate) + weight_bytes(&w->up) +
+        total += weight_bytes(&w->gate) + weight_bytes(&w->up) +
                  (w->down.data ? weight_bytes(&w->down) : weight_bytes(&w->down_t));
+    }
+    return total;
+}
+
+uint64_t model_bytes_per_token(const model *m) {
+    uint64_t total = weight_bytes(&m->output) + (uint64_t)m->tok_embd.row_bytes + model_ffn_bytes_per_token(m);
+    for (int l = 0; l < m->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        total += weight_bytes(&w->wq) + weight_bytes(&w->wk) + weight_bytes(&w->wv) + weight_bytes(&w->wo);
     }
     return total;
 }

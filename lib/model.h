@@ -73,6 +73,8 @@ int model_load_resident(model *m, const char *path, char *err, size_t errlen);
 void model_free(model *m);
 /* Total bytes of the weights read by one dense decode token. */
 uint64_t model_bytes_per_token(const model *m);
+/* The FFN's share of it: every layer's gate, up and down (or down_t) rows. */
+uint64_t model_ffn_bytes_per_token(const model *m);
 
 /* A neuron-major copy of a weight (out row c = column c of w, dequantized and
  * stored as `type`), for sparse decode of files without PowerInfer's ffn_down_t.

@@ -323,8 +323,26 @@ static void test_barrier(void) {
     munmap(s, sizeof *s);
 }
 
+/* ---- the stack's FFN mode as logs and `pi2 status` show it ---- */
+
+static void test_ffn_describe(void) {
+    char buf[128];
+    ffn_mode_describe(buf, sizeof buf, FFN_GATE_FIRST, "/ignored", 8);
+    CHECK(!strcmp(buf, "gate-first"), "%s", buf);
+    ffn_mode_describe(buf, sizeof buf, FFN_PREDICTOR, NULL, 0);
+    CHECK(!strcmp(buf, "predictor, predictor fc1/fc2 of the model"), "%s", buf);
+    ffn_mode_describe(buf, sizeof buf, FFN_PREDICTOR, "", 16);
+    CHECK(!strcmp(buf, "predictor, predictor fc1/fc2 of the model"), "empty path: %s", buf);
+    const char unterminated[4] = {'/', 'a', '.', 'g'}; /* a segment's bytes need not end in NUL */
+    ffn_mode_describe(buf, sizeof buf, FFN_PREDICTOR, unterminated, sizeof unterminated);
+    CHECK(!strcmp(buf, "predictor, predictor /a.g"), "bounded path: %s", buf);
+    ffn_mode_describe(buf, 12, FFN_PREDICTOR, "/x", 2);
+    CHECK(!strcmp(buf, "predictor, "), "truncated to the buffer: %s", buf);
+}
+
 int main(void) {
     model m;
+    test_ffn_describe();
     if (!load(&m, "stories260K.gguf")) {
         test_act_layout(&m, 512);
         test_act_layout(&m, 1);

@@ -8,14 +8,9 @@
 
 #include "f16.h"
 #include "kernels.h"
+#include "rng.h"
 #include "tinyblas.h"
 #include "test.h"
-
-static uint32_t rng = 12345;
-static float uniform(void) { /* [-1, 1) */
-    rng = rng * 1664525u + 1013904223u;
-    return (float)(rng >> 8) / (float)(1 << 23) - 1.0f;
-}
 
 static int bits_equal(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
@@ -27,10 +22,11 @@ int main(void) {
     CHECK(tinyblas_best() == (simd ? simd : ref), "tinyblas_best is not the fastest this CPU runs");
     if (!simd) printf("tinyblas avx512: not supported by this CPU, only the reference is checked\n");
     int same32 = 1, same16 = 1, close = 1;
+    rng_seed(12345);
     for (int k = 16; k <= MAX_K; k += 16) {
         for (int i = 0; i < k; i++) {
-            a[i] = uniform() * (i % 7 ? 1.0f : 100.0f); /* mixed magnitudes, so the order shows */
-            b[i] = uniform();
+            a[i] = rng_uniform() * (i % 7 ? 1.0f : 100.0f); /* mixed magnitudes, so the order shows */
+            b[i] = rng_uniform();
             ah[i] = f32_to_f16(a[i]);
             bh[i] = f32_to_f16(b[i]);
         }

@@ -156,10 +156,9 @@ static int cmd_status(const char *runid) {
            (unsigned long long)ctl->model_size);
     printf("n_ctx %d, cpu-workers %d, max prefill %d\n", ctl->params.n_ctx, ctl->params.n_cpu_workers,
            ctl->params.max_prefill);
-    int mode = ctl->params.ffn_mode; /* ffn_mode_name names any value; the path is printed bounded */
-    printf("ffn %s%s%.*s\n", ffn_mode_name((ffn_mode)mode), mode != FFN_PREDICTOR ? "" : ", predictor ",
-           mode != FFN_PREDICTOR ? 0 : (int)sizeof ctl->predictor_path,
-           !ctl->predictor_path[0] ? "fc1/fc2 of the model" : ctl->predictor_path);
+    char ffn[sizeof ctl->predictor_path + 64]; /* ffn_mode_name names any value; the path is read bounded */
+    ffn_mode_describe(ffn, sizeof ffn, (ffn_mode)ctl->params.ffn_mode, ctl->predictor_path, sizeof ctl->predictor_path);
+    printf("ffn %s\n", ffn);
     printf("weights_ready %llu\nepoch %llu\n", (unsigned long long)atomic_load(&ctl->weights_ready),
            (unsigned long long)atomic_load(&ctl->epoch));
     printf("%-16s %8s %-9s %10s %10s %8s %10s  %s\n", "process", "pid", "state", "beat_ms", "tokens", "restarts",

@@ -105,17 +105,6 @@ static void emit(const tokenizer *tok, int token) {
     fflush(stdout);
 }
 
-static double dense_ffn_bytes(const model *m) {
-    double total = 0;
-    for (int l = 0; l < m->n_layer; l++) {
-        const layer_weights *w = &m->layers[l];
-        const weight *down = w->down.data ? &w->down : &w->down_t;
-        total += (double)w->gate.rows * w->gate.row_bytes + (double)w->up.rows * w->up.row_bytes +
-                 (double)down->rows * down->row_bytes;
-    }
-    return total;
-}
-
 static int generate(const options *o, const model *m, const tokenizer *tok, engine *e, const predictor *pred) {
     int n_ctx = engine_n_ctx(e);
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
@@ -162,11 +151,11 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
     log_info("prompt: %d tokens in %.3f s (%.2f tok/s); generated: %d tokens in %.3f s (%.2f tok/s)", n_prompt,
              t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen, t_gen, gen_rate);
     if (o->ffn != FFN_DENSE && n_gen > 0) {
-        double per_token = ffn_bytes / n_gen;
-        bytes += per_token - (double)dense_ffn_bytes(m);
+        const double per_token = ffn_bytes / n_gen, dense_ffn = (double)model_ffn_bytes_per_token(m);
+        bytes += per_token - dense_ffn;
         log_info("%s FFN: active fraction %.4f, %.2f MB of FFN weights touched per token (dense %.2f MB)",
                  ffn_mode_name(o->ffn), ffn_active / n_gen / ((double)m->n_layer * m->n_ff), per_token / 1e6,
-                 dense_ffn_bytes(m) / 1e6);
+                 dense_ffn / 1e6);
     }
     log_info("decode streams %.1f MB of weights per token: %.2f GB/s", bytes / 1e6, gen_rate * bytes / 1e9);
     sampler_free(&smp);
