@@ -1,8 +1,6 @@
 #include "decode.h"
 
-#include <immintrin.h>
 #include <stdatomic.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -157,14 +155,14 @@ static void steal_chunks(chunks_job *j, float *partials, ffn_scratch *scratch) {
     for (unsigned spins = 0;;) {
         bool took = false, pending = false;
         for (int v = 1; v < d->n_workers && !took; v++) {
+            const int victim = (d->index + v) % d->n_workers;
             int32_t chunk;
-            int r = chunk_queue_steal(chunk_queue_at(d->queues, d->n_chunks, (d->index + v) % d->n_workers), j->tag,
-                                      &chunk);
+            int r = chunk_queue_steal(chunk_queue_at(d->queues, d->n_chunks, victim), j->tag, &chunk);
             if (r == 1) {
                 ffn_chunks_run(&j->f, &chunk, 1, partials, scratch, NULL, NULL);
                 if (atomic_fetch_add(&d->stolen, 1) == 0)
                     log_info("took layer %d's chunk %d from cpu-worker.%d (the first; the count is logged at exit)",
-                             j->f.layer, chunk, (d->index + v) % d->n_workers);
+                             j->f.layer, chunk, victim);
                 took = true;
             }
             pending |= r < 0;
@@ -172,8 +170,7 @@ static void steal_chunks(chunks_job *j, float *partials, ffn_scratch *scratch) {
         if (!took && !pending) return;
         if (!took) {
             if ((uint32_t)atomic_load(&d->ctl->epoch) != j->epoch) return; /* abandoned: the barrier reports it */
-            if (++spins < 2000) _mm_pause();
-            else sched_yield(); /* the worker we wait for may share our core */
+            ctl_wait_step(spins++);
         }
     }
 }

@@ -15,6 +15,7 @@
 #define PI2_KERNELS_AVX2_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -48,38 +49,39 @@ ROW_INLINE float hsum256(__m256 v) {
 
 ROW_INLINE __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* four named accumulators hide the FMA latency (an array would live in memory) */
-ROW_INLINE float f32_row(const float *w, const float *x, int n, const char *next) {
+/* 8 elements of a float row at element i: F32, or F16 widened */
+ROW_INLINE __m256 load_row8(const void *p, int i, bool f16) {
+    return f16 ? load_f16x8((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+ROW_INLINE float row_elem(const void *p, int i, bool f16) {
+    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* The F32 and F16 dots (f16 a constant after inlining). Four named
+ * accumulators hide the FMA latency (an array would live in memory); each
+ * 32-element step prefetches the lines it reads in next. */
+ROW_INLINE float float_row(const void *w, const void *x, int n, const char *next, bool f16) {
+    const size_t esize = f16 ? 2 : 4;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        prefetch_l2(next, (size_t)i * 4);
-        prefetch_l2(next, (size_t)i * 4 + 64);
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
-        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), acc3);
+        for (size_t off = 0; off < 32 * esize; off += 64) prefetch_l2(next, (size_t)i * esize + off);
+        acc0 = _mm256_fmadd_ps(load_row8(w, i, f16), load_row8(x, i, f16), acc0);
+        acc1 = _mm256_fmadd_ps(load_row8(w, i + 8, f16), load_row8(x, i + 8, f16), acc1);
+        acc2 = _mm256_fmadd_ps(load_row8(w, i + 16, f16), load_row8(x, i + 16, f16), acc2);
+        acc3 = _mm256_fmadd_ps(load_row8(w, i + 24, f16), load_row8(x, i + 24, f16), acc3);
     }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_row8(w, i, f16), load_row8(x, i, f16), acc0);
     float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) sum += w[i] * x[i];
+    for (; i < n; i++) sum += row_elem(w, i, f16) * row_elem(x, i, f16);
     return sum;
 }
 
+ROW_INLINE float f32_row(const float *w, const float *x, int n, const char *next) {
+    return float_row(w, x, n, next, false);
+}
 ROW_INLINE float f16_row(const uint16_t *w, const uint16_t *x, int n, const char *next) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        prefetch_l2(next, (size_t)i * 2);
-        acc0 = _mm256_fmadd_ps(load_f16x8(w + i), load_f16x8(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(load_f16x8(w + i + 8), load_f16x8(x + i + 8), acc1);
-        acc2 = _mm256_fmadd_ps(load_f16x8(w + i + 16), load_f16x8(x + i + 16), acc2);
-        acc3 = _mm256_fmadd_ps(load_f16x8(w + i + 24), load_f16x8(x + i + 24), acc3);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f16x8(w + i), load_f16x8(x + i), acc0);
-    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) sum += _cvtsh_ss(w[i]) * _cvtsh_ss(x[i]);
-    return sum;
+    return float_row(w, x, n, next, true);
 }
 
 /* sum of a*b over 32 signed bytes, as 8 float lanes (exact: |partials| < 2^24) */

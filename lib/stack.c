@@ -150,10 +150,14 @@ int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms) {
         uint64_t cur = atomic_load_explicit(&c->barrier, memory_order_acquire);
         if (B_EPOCH(cur) != epoch) return -1;
         if (B_PHASE(cur) != phase) return 0;
-        if (i < 2000) { _mm_pause(); continue; }
-        sched_yield(); /* the other workers may share our core */
-        if ((i & 255) == 0 && clock_ms() > deadline) return -1;
+        ctl_wait_step(i);
+        if (i >= CTL_SPINS && (i & 255) == 0 && clock_ms() > deadline) return -1;
     }
+}
+
+void ctl_wait_step(unsigned i) {
+    if (i < CTL_SPINS) _mm_pause();
+    else sched_yield(); /* the worker waited for may share our core */
 }
 
 uint32_t ctl_barrier_tag(const stack_ctl *c) {

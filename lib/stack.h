@@ -116,6 +116,10 @@ void ctl_proc_beat(proc_row *r, enum proc_state st);   /* heartbeat_ms = now, st
  * the epoch changed (work aborted by the coordinator) or timeout_ms passed.
  * Spins briefly, then yields: both cores may be shared. */
 int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms);
+/* The i-th wait of a loop polling for another worker: a pause for the first
+ * CTL_SPINS, then sched_yield (both cores may be shared). */
+#define CTL_SPINS 2000u
+void ctl_wait_step(unsigned i);
 /* The current step's tag: the same in every worker between two barriers of
  * an epoch, different for the next step (it names the barrier's phase). */
 uint32_t ctl_barrier_tag(const stack_ctl *c);
