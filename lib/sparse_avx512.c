@@ -58,49 +58,8 @@ static void dot_seq_q8_0(const row_seq *s, const block_q8_0 *x, int n) {
  * 21.1-22.3 GB/s vs 15.2-17.6, dot2 18.9-20.7 vs 14.1-16.5, dot2 + axpy
  * 15.9-16.7 vs 13.2-14.6; on 4 KiB shm pages dot2 13.7-16.5 vs 10.3-11.3.
  * 4 rows gained about two thirds of that, 2 rows lost 5%. The rows' 16
- * accumulators and a step's two quads still fit the 32 registers. */
-enum { Q4_GATHER_ROWS = 8 };
-
-/* Q4_GATHER_ROWS rows' chunks of cb blocks against activation x (its quads
- * prepared in quads) into sum[], ahead[r] the lines to prefetch as w[r]'s are
- * consumed. Each row keeps q4_row_chunk's accumulators and summation order,
- * so gives its bits (tests/test_sparse_kernels.c); their quads are
- * interleaved and each activation quad is loaded once for all of them. */
-static inline __attribute__((always_inline)) void q4_rows_chunk(const block_q4_0 *const *w, const q4_xquad *quads,
-                                                                 const block_q8_0 *x, int cb,
-                                                                 const char *const *ahead, float *sum) {
-    const size_t quad_bytes = 4 * sizeof(block_q4_0);
-    const int nquads = cb / 4;
-    __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
-#pragma GCC unroll Q4_GATHER_ROWS
-    for (int r = 0; r < Q4_GATHER_ROWS; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 2 <= nquads; k += 2) {
-        const q4_xquad q0 = quads[k], q1 = quads[k + 1];
-#pragma GCC unroll Q4_GATHER_ROWS
-        for (int r = 0; r < Q4_GATHER_ROWS; r++) {
-            const char *pf = ahead[r] + (size_t)k * quad_bytes; /* 144 bytes a step: 3 lines cover them */
-            prefetch_l2(pf);
-            prefetch_l2(pf + 64);
-            prefetch_l2(pf + 128);
-            acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, q0);
-            acc1[r] = q4_quad(acc1[r], w[r] + 4 * k + 4, q1);
-        }
-    }
-#pragma GCC unroll Q4_GATHER_ROWS
-    for (int r = 0; r < Q4_GATHER_ROWS; r++) {
-        if (k < nquads) {
-            prefetch_l2(ahead[r] + (size_t)k * quad_bytes);
-            prefetch_l2(ahead[r] + (size_t)k * quad_bytes + 64);
-            acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, quads[k]);
-        }
-        sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
-        for (int b = 4 * nquads; b < cb; b++) {
-            prefetch_l2(ahead[r] + (size_t)b * sizeof(block_q4_0));
-            sum[r] += q4_block(&w[r][b], &x[b]);
-        }
-    }
-}
+ * accumulators and a step's two quads still fit the 32 registers
+ * (q4_rows_chunk, kernels_q_avx512.h). */
 
 /* per chunk, the activation quads are prepared once for all the rows; the
  * rows go Q4_GATHER_ROWS at a time, the last len % Q4_GATHER_ROWS one by one */

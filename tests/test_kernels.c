@@ -277,7 +277,7 @@ static void test_quantized_kernels(const kernels *k) {
 /* gemv over rows with padding between them equals one reference dot per row,
  * and the same set's dot_q4_0 bit for bit (ops.c mixes the two for Q4_0) */
 static void test_gemv(const kernels *k) {
-    const int row_counts[] = {1, 3, 17, 40};
+    const int row_counts[] = {1, 3, 17, 40, 70}; /* 70: more than one row group of a multi-chunk matrix */
     const int nbs[] = {1, 3, 5, 127, 129, 300, 600}; /* 600: more than one activation chunk */
     for (int ri = 0; ri < COUNT(row_counts); ri++) {
         for (int bi = 0; bi < COUNT(nbs); bi++) {
