@@ -11,7 +11,6 @@
 #include "log.h"
 #include "phase_clock.h"
 #include "predictor.h"
-#include "prefetch_stream.h"
 #include "sparse_kernels.h"
 #include "worker_link.h"
 #include "threadpool.h"
@@ -51,7 +50,6 @@ struct decoder {
     predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
-    prefetch_stream pred_ahead;   /* the predictor rows this worker reads in the layer's FFN */
     phase_clock clock;
 };
 
@@ -66,47 +64,28 @@ typedef struct {
 
 typedef struct {
     decoder *d;
-    const prefetch_stream *ahead; /* or NULL */
     int n;
     row_span s[3];
 } rows_job;
 
-/* Rows of a projection between two portions of the prefetch stream: few
- * enough that the portions stay small, enough that the per-call set-up of
- * the activation is amortised. */
-#define AHEAD_SLICE_ROWS 128
-
-/* The thread's share of the spans' rows; when j->ahead is set, also its
- * share of that stream, a portion after every AHEAD_SLICE_ROWS rows. In the
- * stack (7B, predictor mode) this took the FFN step from 14.7 to 13.6 ms
- * per token and the predictor's first stage from 1.16 to 0.97 ms. */
+/* The thread's share of the spans' rows, taken as one range over them. */
 static void rows_worker(void *ctx, int ith, int nth) {
     rows_job *j = ctx;
     long total = 0;
     for (int i = 0; i < j->n; i++) total += j->s[i].r1 - j->s[i].r0;
-    long begin, end, base = 0, a0 = 0, a1 = 0, done = 0;
+    long begin, end, base = 0;
     pool_split(total, ith, nth, &begin, &end);
-    if (j->ahead) pool_split((long)j->ahead->total, ith, nth, &a0, &a1);
-    const bool fetch = j->ahead && a1 > a0;
-    const long slice = fetch ? AHEAD_SLICE_ROWS : total;
     for (int i = 0; i < j->n; i++) {
         const row_span *s = &j->s[i];
-        long rows = s->r1 - s->r0;
-        long lo = begin > base ? begin - base : 0, hi = end - base < rows ? end - base : rows;
-        for (long r = lo; r < hi; r += slice) {
-            const long e = r + slice < hi ? r + slice : hi;
-            matvec_rows(j->d->k, s->w, &j->d->in, s->out, s->r0 + r, s->r0 + e);
-            if (!fetch) continue;
-            const long from = a0 + (a1 - a0) * done / (end - begin);
-            done += e - r;
-            prefetch_stream_range(j->ahead, (size_t)from, (size_t)(a0 + (a1 - a0) * done / (end - begin)));
-        }
+        const long rows = s->r1 - s->r0;
+        const long lo = begin > base ? begin - base : 0, hi = end - base < rows ? end - base : rows;
+        if (lo < hi) matvec_rows(j->d->k, s->w, &j->d->in, s->out, s->r0 + lo, s->r0 + hi);
         base += rows;
     }
 }
 
-static void run_rows(decoder *d, const prefetch_stream *ahead, int n, row_span a, row_span b, row_span c) {
-    rows_job j = {d, ahead, n, {a, b, c}};
+static void run_rows(decoder *d, int n, row_span a, row_span b, row_span c) {
+    rows_job j = {d, n, {a, b, c}};
     pool_run(d->pool, rows_worker, &j);
 }
 
@@ -218,29 +197,7 @@ static void own_hidden_rows(const decoder *d, int l, long *r0, long *r1) {
     pool_split(predictor_rank(d->pred, l), d->index, d->n_workers, r0, r1);
 }
 
-/* The predictor rows the step's FFN will read here: its share of the first
- * stage and the second stage's rows of its chunks; NULL outside predictor mode. */
-static const prefetch_stream *predictor_ahead(decoder *d, const decode_step *s) {
-    if (s->mode != FFN_PREDICTOR || !d->pred) return NULL;
-    prefetch_stream *ps = &d->pred_ahead;
-    const void *at;
-    size_t len;
-    long r0, r1;
-    prefetch_stream_clear(ps);
-    own_hidden_rows(d, s->layer, &r0, &r1);
-    predictor_hidden_rows_bytes(d->pred, s->layer, r0, r1, &at, &len);
-    prefetch_stream_add(ps, at, len);
-    for (int c = 0; c < s->n_chunks; c++) {
-        long n0, n1;
-        ffn_chunk_range(d->m, s->chunks[c], &n0, &n1);
-        predictor_rows_bytes(d->pred, s->layer, n0, n1, &at, &len);
-        prefetch_stream_add(ps, at, len);
-    }
-    return ps;
-}
-
-/* A: own Q/K/V rows (fetching the FFN's predictor rows alongside), RoPE, KV
- * store, attention for own query heads -> att_out. */
+/* A: own Q/K/V rows, RoPE, KV store, attention for own query heads -> att_out. */
 static void step_attention(decoder *d, const decode_step *st) {
     const int l = st->layer, pos = st->pos;
     const model *m = d->m;
@@ -249,7 +206,7 @@ static void step_attention(decoder *d, const decode_step *st) {
     long c0 = d->share.kvh_begin * hd, c1 = d->share.kvh_end * hd;
     rmsnorm(d->xb, d->x_layers + (size_t)l * m->n_embd, w->attn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->wq, &w->wk, &w->wv);
-    run_rows(d, predictor_ahead(d, st), 3, (row_span){&w->wq, d->q, q0, q1}, (row_span){&w->wk, d->kv_k, c0, c1},
+    run_rows(d, 3, (row_span){&w->wq, d->q, q0, q1}, (row_span){&w->wk, d->kv_k, c0, c1},
              (row_span){&w->wv, d->kv_v, c0, c1});
     if (pos != d->rope_pos) { /* every layer of a token rotates by the same angles */
         rope_angles(d->rope_cs, (int)hd, pos, m->rope_base);
@@ -274,7 +231,7 @@ static void step_attn_output(decoder *d, int l) {
     const model *m = d->m;
     const weight *wo = &m->layers[l].wo;
     convert(d, d->att_out, m->n_embd, wo, NULL, NULL);
-    run_rows(d, NULL, 1, (row_span){wo, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
+    run_rows(d, 1, (row_span){wo, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
     add_residual(d, d->x_mid, d->x_layers + (size_t)l * m->n_embd);
 }
 
@@ -331,7 +288,7 @@ static void step_ffn_down(decoder *d, int l) {
     const model *m = d->m;
     const weight *down = &m->layers[l].down;
     convert(d, d->hb, m->n_ff, down, NULL, NULL);
-    run_rows(d, NULL, 1, (row_span){down, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
+    run_rows(d, 1, (row_span){down, d->proj, d->share.row_begin, d->share.row_end}, (row_span){0}, (row_span){0});
     add_residual(d, d->x_layers + (size_t)(l + 1) * m->n_embd, d->x_mid);
 }
 
@@ -339,7 +296,7 @@ static void step_output(decoder *d) {
     const model *m = d->m;
     rmsnorm(d->xb, d->x_layers + (size_t)m->n_layer * m->n_embd, m->output_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &m->output, NULL, NULL);
-    run_rows(d, NULL, 1, (row_span){&m->output, d->logits, d->share.vocab_begin, d->share.vocab_end}, (row_span){0},
+    run_rows(d, 1, (row_span){&m->output, d->logits, d->share.vocab_begin, d->share.vocab_end}, (row_span){0},
              (row_span){0});
 }
 

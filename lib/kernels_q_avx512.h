@@ -6,12 +6,11 @@
  * order is not llama.cpp's (kernels_exact_avx512.c has that).
  *
  * Each row function also prefetches into L2 the lines at `ahead` that match
- * the ones it reads: the dense gemv passes a point further down its own
- * stream, the gathers the same offset in a row further down their list (which
- * the hardware prefetcher cannot guess). Into L2 (T1): on this machine (Zen 4)
- * prefetches into L1 are held up by its few L1 miss buffers; a gather then
- * reads ~7 GB/s where into L2 it reads 11-16 (tools/sparse-bench), and dense
- * decode gains too (kernels_fast_avx512.c).
+ * the ones it reads: the same offset in a row further down the list, which
+ * for the gathers the hardware prefetcher cannot guess (the dense gemv uses
+ * them too, a pass ahead). Into L2 (T1): on this machine (Zen 4) prefetches
+ * into L1 are held up by its few L1 miss buffers; a gather then reads ~7 GB/s
+ * where into L2 it reads 11-16 (tools/sparse-bench).
  *
  * Everything is forced inline: GCC 12 judges a small function whose only
  * effect is a prefetch "const" and deletes its calls, and a call per quad

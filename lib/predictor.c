@@ -242,19 +242,6 @@ void predictor_hidden_done(const predictor *p, int layer, const float *hidden, a
         convert_for(p, b, hidden, conv);
 }
 
-static void rows_bytes(const weight *w, long r0, long r1, const void **at, size_t *len) {
-    *at = (const char *)w->data + (size_t)r0 * w->row_bytes;
-    *len = (size_t)(r1 - r0) * w->row_bytes;
-}
-
-void predictor_hidden_rows_bytes(const predictor *p, int layer, long r0, long r1, const void **at, size_t *len) {
-    rows_bytes(&p->a[layer], r0, r1, at, len);
-}
-
-void predictor_rows_bytes(const predictor *p, int layer, long i0, long i1, const void **at, size_t *len) {
-    rows_bytes(&p->b[layer], i0, i1, at, len);
-}
-
 void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
                        act_vec *conv) {
     predictor_hidden_rows(p, layer, residual, ffn_in, 0, predictor_rank(p, layer), hidden, conv);

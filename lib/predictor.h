@@ -84,10 +84,6 @@ long predictor_rank(const predictor *p, int layer);
 void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
                            long r1, float *hidden, act_vec *conv);
 void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv);
-/* The weight bytes predictor_hidden_rows(r0, r1) and predictor_rows(i0, i1)
- * read (one contiguous run each), for prefetching. */
-void predictor_hidden_rows_bytes(const predictor *p, int layer, long r0, long r1, const void **at, size_t *len);
-void predictor_rows_bytes(const predictor *p, int layer, long i0, long i1, const void **at, size_t *len);
 /* Weight bytes of one neuron's second-stage row, and of a layer's first stage. */
 uint64_t predictor_row_bytes(const predictor *p, int layer);
 uint64_t predictor_stage1_bytes(const predictor *p, int layer);
