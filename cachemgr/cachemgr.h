@@ -22,6 +22,7 @@ typedef struct {
     model m;
     stack_params params;       /* asked for on the command line; a kept control block's win */
     int io_timeout_ms;         /* re-send a read batch not answered within this */
+    bool small_pages;          /* --small-pages: new segments stay on 4 KiB pages */
 
     shm_segment *seg[SEG_COUNT];
     uint8_t *weights;          /* the weights segment's "data" region */

@@ -21,6 +21,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N] [--ffn MODE]\n"
+            "                [--predictor FILE] [--small-pages]\n"
             "Creates the run's shared-memory segments and loads the weights through the io-worker.\n"
             "  -m, --model FILE        the model the stack runs\n"
             "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
@@ -33,6 +34,8 @@ static void usage(FILE *f) {
             "                          else gate-first; other models dense), dense, gate-first, predictor\n"
             "      --predictor FILE    predictor side file (pi2-predictor build); without it, predictor mode\n"
             "                          uses a PWRI model's own fc1/fc2\n"
+            "      --small-pages       leave new segments on 4 KiB pages: start-up skips moving them into\n"
+            "                          2 MiB pages (seconds for a 7B model), decode reads scattered rows slower\n"
             "  -h, --help              this help\n"
             "On a restart the existing segments of the run are kept (with their parameters).\n"
             "Environment: PI2_LOG=debug|info|warn|error\n",
@@ -42,18 +45,20 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model, *runid, *predictor;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
+    bool small_pages;
     ffn_mode ffn;
     bool ffn_auto; /* resolved for the model (resolve_ffn) */
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR };
+    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR, OPT_SMALL_PAGES };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},         {"run", required_argument, 0, 'r'},
         {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
         {"ffn", required_argument, 0, OPT_FFN},       {"predictor", required_argument, 0, OPT_PREDICTOR},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"small-pages", no_argument, 0, OPT_SMALL_PAGES}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512, .io_timeout_ms = 5000,
                    .ffn_auto = true};
     int c;
@@ -67,6 +72,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
         case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
         case OPT_PREDICTOR: o->predictor = optarg; break;
+        case OPT_SMALL_PAGES: o->small_pages = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -149,7 +155,7 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o)) return 2;
     proc_stop_on_signals();
 
-    cachemgr c = {.runid = o.runid, .io_timeout_ms = o.io_timeout_ms};
+    cachemgr c = {.runid = o.runid, .io_timeout_ms = o.io_timeout_ms, .small_pages = o.small_pages};
     if (!realpath(o.model, c.model_path)) {
         log_error("model %s: %s", o.model, strerror(errno));
         return 1;

@@ -31,6 +31,7 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
     out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 0, 1, {{"act", act.total, SHM_ALIGN_PAGE}}};
     out[SEG_CTL] = (segment_spec){STACK_SEG_CTL, SHM_KIND_CONTROL, 0, 1,
                                   {{"ctl", sizeof(stack_ctl), SHM_ALIGN_CACHELINE}}};
+    for (int i = 0; i < SEG_COUNT && c->small_pages; i++) out[i].create_flags |= SHM_CREATE_SMALL_PAGES;
 }
 
 static int seg_name(const cachemgr *c, const char *what, char *buf, size_t len) {
@@ -66,6 +67,7 @@ static void log_huge_pages(const char *name, const shm_segment *seg) {
     double seconds;
     int err = shm_huge_pages(seg, &seconds);
     if (!err) log_info("%s: on 2 MiB pages (moved in %.2f s)", name, seconds);
+    else if (err == ECANCELED) log_info("%s: on 4 KiB pages (--small-pages)", name);
     else if (shm_size(seg) >= (2u << 20))
         log_warn("%s: %s on 4 KiB pages (MADV_COLLAPSE: %s, %.2f s): scattered reads will be slower", name,
                  err == EINVAL ? "all" : "partly", strerror(err), seconds);

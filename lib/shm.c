@@ -251,9 +251,9 @@ static uint8_t *map_segment(int fd, uint64_t size, int prot, int flags) {
 
 /* Best effort: the segment's (allocated) pages into 2 MiB pages. A kernel
  * without MADV_COLLAPSE, or no free 2 MiB blocks, leaves 4 KiB pages. */
-static void collapse_huge(shm_segment *seg) {
+static void collapse_huge(shm_segment *seg, unsigned flags) {
     double t0 = clock_seconds();
-    seg->huge_errno = seg->size < HUGE_PAGE ? EINVAL : 0;
+    seg->huge_errno = seg->size < HUGE_PAGE ? EINVAL : flags & SHM_CREATE_SMALL_PAGES ? ECANCELED : 0;
     if (!seg->huge_errno && madvise(seg->base, seg->size & ~(uint64_t)(HUGE_PAGE - 1), MADV_COLLAPSE))
         seg->huge_errno = errno;
     seg->huge_seconds = clock_seconds() - t0;
@@ -313,7 +313,7 @@ shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_r
         goto fail;
     }
     if (reserve(seg->fd, seg->size)) goto fail;
-    collapse_huge(seg);
+    collapse_huge(seg, flags);
     double t0 = clock_seconds();
     if (!(flags & SHM_CREATE_NO_PREFAULT)) {
         if (prefault(seg->base, seg->size)) goto fail;

@@ -76,6 +76,9 @@ enum {
      * writes the segment once (the io-worker's reads), whose first touch of
      * each page would otherwise be paid twice. */
     SHM_ATTACH_NO_POPULATE = 1 << 3,
+    /* Leave the segment on 4 KiB pages: the move into 2 MiB pages costs
+     * seconds at start-up (shm_huge_pages then reports ECANCELED). */
+    SHM_CREATE_SMALL_PAGES = 1 << 4,
 };
 
 const char *shm_last_error(void);
@@ -122,7 +125,8 @@ uint64_t shm_bump_generation(shm_segment *seg);
 double shm_prefault_seconds(const shm_segment *seg);
 /* The creator's segment: 0 when all of it is on 2 MiB pages, else the errno
  * of why not (EINVAL: smaller than 2 MiB or a kernel without MADV_COLLAPSE;
- * EAGAIN / ENOMEM: not enough free 2 MiB blocks, some pages stay 4 KiB).
+ * EAGAIN / ENOMEM: not enough free 2 MiB blocks, some pages stay 4 KiB;
+ * ECANCELED: created with SHM_CREATE_SMALL_PAGES).
  * *seconds (may be NULL): the time the move took. */
 int shm_huge_pages(const shm_segment *seg, double *seconds);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pi2: the supervisor of the pi2 stack (docs/supervisor.md).
 #   pi2 up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
+#          [--small-pages]
 #   pi2 down [-r RUN]
 #   pi2 status [-r RUN]
 #   pi2 restart PROC [-r RUN]
@@ -27,10 +28,12 @@ usage() {
     cat <<'EOF'
 usage: pi2 COMMAND [options]          (RUN: -r RUN, default $PI2_RUN or "default")
   up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
+     [--small-pages]
                      start the stack of STACK.conf (default: configs/default.conf) on MODEL and
                      return when the weights are loaded and every process beats (timeout 120 s).
                      --ffn: auto (default: sparse on ReLU models, with the model's or FILE's
                      predictor if there is one, else gate-first), dense, gate-first, predictor
+                     --small-pages: keep the segments on 4 KiB pages (faster start, slower decode)
   down [-r RUN]      stop every process, remove the segments and the run directory (idempotent)
   status [-r RUN]    per process: pid, CPU list, threads, state, heartbeat age, RSS, tokens, restarts
   restart PROC       stop PROC (e.g. cpu-worker.1); the supervisor starts it again at once
@@ -72,7 +75,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_FFN="" CFG_PREDICTOR=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES=""
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
 
@@ -195,8 +198,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\n' "$MODEL" "$CFG_CTX" \
-            "$CFG_MAX_PREFILL" "$CFG_FFN" "$CFG_PREDICTOR"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\n' "$MODEL" \
+            "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
 }
@@ -267,6 +270,7 @@ proc_command() { # fills CMD for process i
         if [ -n "$CFG_MAX_PREFILL" ]; then CMD+=(--max-prefill "$CFG_MAX_PREFILL"); fi
         if [ -n "$CFG_FFN" ]; then CMD+=(--ffn "$CFG_FFN"); fi
         if [ -n "$CFG_PREDICTOR" ]; then CMD+=(--predictor "$CFG_PREDICTOR"); fi
+        if [ -n "$CFG_SMALL_PAGES" ]; then CMD+=(--small-pages); fi
         ;;
     io-worker) CMD=("$BIN_DIR/io-worker" "${base[@]}") ;;
     coordinator)
@@ -530,6 +534,7 @@ cmd_up() {
         --no-npu) no_npu=1; shift ;;
         --ffn) CFG_FFN=$2; shift 2 ;;
         --predictor) CFG_PREDICTOR=$2; shift 2 ;;
+        --small-pages) CFG_SMALL_PAGES=1; shift ;;
         --timeout) timeout_s=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) die "up: unknown argument '$1'" ;;

@@ -100,7 +100,7 @@ check "cleanup lists what it removed" $?
 # --- kill -9 of the io-worker while it holds a batch of a bigger model ---
 BIG=$TMP/small.gguf
 "$BIN/mkmodel" -o "$BIG" --preset small 2>/dev/null; check "mkmodel --preset small" $?
-start cm2 cachemgr -m "$BIG" -r "$RUN-big" --io-timeout-ms 1000; cm=$last
+start cm2 cachemgr -m "$BIG" -r "$RUN-big" --io-timeout-ms 1000 --small-pages; cm=$last
 PI2_IO_DELAY_US=3000000 start io2 io-worker -m "$BIG" -r "$RUN-big"; io=$last
 for _ in $(seq 100); do grep -q "loading" "$TMP/cm2.log" 2>/dev/null && break; sleep 0.05; done
 sleep 0.5
@@ -110,6 +110,7 @@ start io2 io-worker -m "$BIG" -r "$RUN-big"; io=$last
 "$BIN/pi2-ctl" -r "$RUN-big" wait-ready --timeout 30 >/dev/null; check "the load completes after the io-worker restarts" $?
 grep -q "sending it again" "$TMP/cm2.log"; check "cachemgr re-sent the lost batch" $?
 weights_match "$RUN-big" "$BIG"; check "the bigger model's bytes are all in the segment" $?
+grep -q "weights: on 4 KiB pages (--small-pages)" "$TMP/cm2.log"; check "--small-pages: the weights stay on 4 KiB pages, logged" $?
 stop "$cm"; stop "$io"
 "$BIN/pi2-ctl" -r "$RUN-big" cleanup >/dev/null; check "cleanup of the second run" $?
 

@@ -336,6 +336,18 @@ static long shmem_pmd_kb(void) {
     return kb;
 }
 
+/* Whether /dev/shm is mounted to give huge pages by itself (huge=always,
+ * within_size or advise): then a segment gets them without the move. */
+static bool shm_mount_gives_huge(void) {
+    FILE *f = fopen("/proc/mounts", "r");
+    char line[512];
+    bool huge = false;
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, " /dev/shm ") && strstr(line, "huge=") && !strstr(line, "huge=never")) huge = true;
+    if (f) fclose(f);
+    return huge;
+}
+
 /* Segments of 2 MiB or more are mapped 2 MiB-aligned by creator and
  * attacher, and moved into 2 MiB pages where the kernel can; then both
  * processes map them with 2 MiB entries. A small segment reports EINVAL. */
@@ -363,6 +375,17 @@ static void test_huge_pages(void) {
         CHECK(err == EINVAL || err == EAGAIN || err == ENOMEM, "unexpected reason %d", err);
         printf("note: this kernel left the segment on 4 KiB pages: %s\n", strerror(err));
     }
+    shm_detach(att);
+    shm_detach(seg);
+    shm_unlink_name(name);
+    /* asked for 4 KiB pages: no move, no 2 MiB entries in either mapping */
+    before = shmem_pmd_kb();
+    seg = shm_create(name, SHM_KIND_WEIGHTS, &spec, 1, SHM_CREATE_SMALL_PAGES);
+    att = seg ? shm_attach(name, SHM_KIND_WEIGHTS, 0) : NULL;
+    CHECK(seg && att && shm_huge_pages(seg, NULL) == ECANCELED, "SHM_CREATE_SMALL_PAGES reports ECANCELED");
+    if (!shm_mount_gives_huge())
+        CHECK(shmem_pmd_kb() - before <= 0, "SHM_CREATE_SMALL_PAGES: %ld kB mapped with 2 MiB entries",
+              shmem_pmd_kb() - before);
     shm_detach(att);
     shm_detach(seg);
     shm_unlink_name(name);

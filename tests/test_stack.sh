@@ -104,9 +104,11 @@ done
 
 # ---- one long-lived stack on stories260K: sampling, status, restart, logs, profile, garbage ----
 new_run R
-up "$R" "$TMP/two.conf" "$MODEL0"
-check "stories260K: pi2 up (2 cpu-workers)" $?
+up "$R" "$TMP/two.conf" "$MODEL0" --small-pages
+check "stories260K: pi2 up --small-pages (2 cpu-workers)" $?
 RD=$("$PI2" rundir -r "$R")
+tr '\0' ' ' <"/proc/$(cat "$RD/cachemgr.pid")/cmdline" | grep -q -- " --small-pages"
+check "pi2 up --small-pages reaches cachemgr" $?
 "$PI2" up -m "$MODEL0" -c "$TMP/two.conf" -r "$R" >/dev/null 2>&1
 [ $? -ne 0 ]; check "a second pi2 up of a live run is refused" $?
 
