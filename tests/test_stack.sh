@@ -32,9 +32,9 @@ ref() { # ref MODEL PROMPT N [flags]
     "$REF" -m "$model" -p "$prompt" -n "$n" -c 512 -t 2 "$@" 2>/dev/null
 }
 
-# same NAME EXPECTED GOT [RUN]: byte-identical text, with the logs when not
+# same NAME EXPECTED GOT [RUN]: identical non-empty text (an empty pair means both failed), with the logs when not
 same() {
-    if [ "$2" == "$3" ]; then
+    if [ -n "$2" ] && [ "$2" == "$3" ]; then
         check "$1" 0
     else
         check "$1" 1
