@@ -45,43 +45,20 @@ float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
     return total;
 }
 
-/* Q4_GATHER_ROWS rows a pass (q4_rows_chunk: each activation quad loaded
- * once for all of them), each row prefetching into L2 the row a pass further
- * down, as the gathers do; the activation's quads are prepared once per
- * GEMV_ROW_GROUP rows and chunk (once for the whole matrix when the rows are
- * one chunk long). Against one row at a time with a prefetch 4 KiB ahead, in
- * three interleaved runs of tools/kernel-bench -k avx512 on one core: 25.7-25.9
- * -> 32.9-33.2 GB/s in cache, 18.3-19.4 -> 23.4-28.6 from memory. In the
- * stack, where both cores share the bus, the gain is within the noise. */
+/* The gathers' row loop (dot_seq_q4_0) over consecutive rows:
+ * Q4_GATHER_ROWS rows a pass, each activation quad loaded once for all of
+ * them, each row prefetching into L2 the row a pass further down; the
+ * activation's quads are prepared once per GEMV_ROW_GROUP rows and chunk
+ * (once for the whole matrix when the rows are one chunk long). Against one
+ * row at a time with a prefetch 4 KiB ahead, in three interleaved runs of
+ * tools/kernel-bench -k avx512 on one core: 25.7-25.9 -> 32.9-33.2 GB/s in
+ * cache, 18.3-19.4 -> 23.4-28.6 from memory. In the stack, where both cores
+ * share the bus, the gain is within the noise. */
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
-    const int nb = n / QK4_0, group = nb <= Q4_CHUNK_BLOCKS ? nrows : GEMV_ROW_GROUP;
-    const char *const base = (const char *)w;
-    q4_xquad quads[Q4_CHUNK_BLOCKS / 4];
+    const int group = n / QK4_0 <= Q4_CHUNK_BLOCKS ? nrows : GEMV_ROW_GROUP;
     for (int g0 = 0; g0 < nrows; g0 += group) {
-        const int g1 = g0 + group < nrows ? g0 + group : nrows;
-        for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
-            const int cb = q4_chunk_blocks(nb, b0);
-            const size_t chunk_off = (size_t)b0 * sizeof(block_q4_0);
-            q4_prepare_chunk(quads, x + b0, cb / 4);
-            int r = g0;
-            for (; r + Q4_GATHER_ROWS <= g1; r += Q4_GATHER_ROWS) {
-                const block_q4_0 *rows[Q4_GATHER_ROWS];
-                const char *ahead[Q4_GATHER_ROWS];
-                float sum[Q4_GATHER_ROWS];
-                for (int i = 0; i < Q4_GATHER_ROWS; i++) {
-                    const int next = r + i + Q4_GATHER_ROWS < nrows ? r + i + Q4_GATHER_ROWS : nrows - 1;
-                    rows[i] = (const block_q4_0 *)(base + (size_t)(r + i) * row_stride + chunk_off);
-                    ahead[i] = base + (size_t)next * row_stride + chunk_off;
-                }
-                q4_rows_chunk(rows, quads, x + b0, cb, ahead, sum);
-                for (int i = 0; i < Q4_GATHER_ROWS; i++) y[r + i] = b0 == 0 ? sum[i] : y[r + i] + sum[i];
-            }
-            for (; r < g1; r++) { /* the group's last rows, one at a time */
-                const int next = r + Q4_GATHER_ROWS < nrows ? r + Q4_GATHER_ROWS : nrows - 1;
-                const float sum = q4_row_chunk((const block_q4_0 *)(base + (size_t)r * row_stride + chunk_off), quads,
-                                               x + b0, cb, base + (size_t)next * row_stride + chunk_off);
-                y[r] = b0 == 0 ? sum : y[r] + sum;
-            }
-        }
+        const row_seq s = row_seq_dense((const char *)w + (size_t)g0 * row_stride, row_stride,
+                                        nrows - g0 < group ? nrows - g0 : group, y + g0);
+        dot_seq_q4_0(&s, x, n);
     }
 }

@@ -11,7 +11,6 @@
  * rows (kernels_q_avx512.h says why L2). */
 #include "kernels_q_avx512.h"
 #include "sparse_kernels.h"
-#include "sparse_rows.h"
 
 /* Measured on the Q4_0 dot when it still read one row at a time: 9 KiB
  * ahead for a 4096-wide Q4_0 row (dot2: 2 neurons). Against 2 rows, in
@@ -21,14 +20,6 @@
  * on huge pages and slower on 4 KiB ones, and touching a row's pages
  * earlier (a prefetch of its first and last line 6-10 rows ahead) slower. */
 #define GATHER_AHEAD_ROWS 4
-
-/* the row whose lines a dot prefetches while it reads row i of s: `ahead`
- * rows further, or the last row (never NULL, which lets the rows drop their
- * no-prefetch test) */
-__attribute__((returns_nonnull)) static const char *gather_ahead(const row_seq *s, int i, int ahead) {
-    const int last = row_seq_len(s) - 1;
-    return row_seq_row(s, i + ahead < last ? i + ahead : last);
-}
 
 /* ---- dots: the dense set's rows (kernels_q_avx512.h), prefetching a row ahead ---- */
 
@@ -49,49 +40,6 @@ static void dot_seq_q8_0(const row_seq *s, const block_q8_0 *x, int n) {
     for (int i = 0; i < len; i++)
         *row_seq_out(s, i) =
             q8_row((const block_q8_0 *)row_seq_row(s, i), x, nb, gather_ahead(s, i, GATHER_AHEAD_ROWS));
-}
-
-/* Q4_0 reads Q4_GATHER_ROWS rows in one pass and prefetches the next pass's
- * rows (a whole pass ahead: 8 rows prefetching 4 ahead were 20% slower than
- * one row at a time). Against one row at a time 4 ahead, in three interleaved
- * rounds of tools/sparse-bench -t q4_0 -i avx512, on huge pages dot read
- * 21.1-22.3 GB/s vs 15.2-17.6, dot2 18.9-20.7 vs 14.1-16.5, dot2 + axpy
- * 15.9-16.7 vs 13.2-14.6; on 4 KiB shm pages dot2 13.7-16.5 vs 10.3-11.3.
- * 4 rows gained about two thirds of that, 2 rows lost 5%. The rows' 16
- * accumulators and a step's two quads still fit the 32 registers
- * (q4_rows_chunk, kernels_q_avx512.h). */
-
-/* per chunk, the activation quads are prepared once for all the rows; the
- * rows go Q4_GATHER_ROWS at a time, the last len % Q4_GATHER_ROWS one by one */
-static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
-    const int nb = n / QK4_0, len = row_seq_len(s);
-    q4_xquad quads[Q4_CHUNK_BLOCKS / 4]; /* 32 KiB */
-    for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
-        const int cb = q4_chunk_blocks(nb, b0);
-        const size_t chunk_off = (size_t)b0 * sizeof(block_q4_0);
-        q4_prepare_chunk(quads, x + b0, cb / 4);
-        int i = 0;
-        for (; i + Q4_GATHER_ROWS <= len; i += Q4_GATHER_ROWS) {
-            const block_q4_0 *w[Q4_GATHER_ROWS];
-            const char *ahead[Q4_GATHER_ROWS];
-            float sum[Q4_GATHER_ROWS];
-            for (int r = 0; r < Q4_GATHER_ROWS; r++) {
-                w[r] = (const block_q4_0 *)(row_seq_row(s, i + r) + chunk_off);
-                ahead[r] = gather_ahead(s, i + r, Q4_GATHER_ROWS) + chunk_off;
-            }
-            q4_rows_chunk(w, quads, x + b0, cb, ahead, sum);
-            for (int r = 0; r < Q4_GATHER_ROWS; r++) {
-                float *out = row_seq_out(s, i + r);
-                *out = b0 == 0 ? sum[r] : *out + sum[r];
-            }
-        }
-        for (; i < len; i++) {
-            const float row_sum = q4_row_chunk((const block_q4_0 *)(row_seq_row(s, i) + chunk_off), quads, x + b0,
-                                               cb, gather_ahead(s, i, Q4_GATHER_ROWS) + chunk_off);
-            float *out = row_seq_out(s, i);
-            *out = b0 == 0 ? row_sum : *out + row_sum;
-        }
-    }
 }
 
 #define GATHER_DOTS(T, XT)                                                                                       \

@@ -1,8 +1,9 @@
-/* Private to the sparse_*.c kernel files: the sequence of rows a gather dot
- * visits, and the groups of rows the SIMD axpys apply together. A plain
- * gather visits row idx[k] of one matrix; the fused gate+up form alternates
- * between two matrices (w_a row idx[0], w_b row idx[0], w_a row idx[1], ...),
- * so one kernel serves both and streams them together. */
+/* Private to the sparse_*.c kernel files and kernels_q_avx512.h: the
+ * sequence of rows a gather dot visits, and the groups of rows the SIMD
+ * axpys apply together. A plain gather visits row idx[k] of one matrix; the
+ * fused gate+up form alternates between two matrices (w_a row idx[0], w_b
+ * row idx[0], w_a row idx[1], ...), so one kernel serves both and streams
+ * them together; without idx the rows are consecutive (a dense gemv). */
 #ifndef PI2_SPARSE_ROWS_H
 #define PI2_SPARSE_ROWS_H
 
@@ -15,8 +16,8 @@ typedef struct {
     float *out[2];      /* their outputs, indexed by k */
     int nmat;           /* 1 or 2 */
     size_t stride;
-    const int32_t *idx;
-    int count;          /* entries of idx */
+    const int32_t *idx; /* NULL: rows 0, 1, ... */
+    int count;          /* entries of idx (rows of each matrix) */
 } row_seq;
 
 static inline row_seq row_seq_one(const void *w, size_t stride, const int32_t *idx, int count, float *out) {
@@ -28,10 +29,16 @@ static inline row_seq row_seq_two(const void *w_a, const void *w_b, size_t strid
     return (row_seq){{(const char *)w_a, (const char *)w_b}, {out_a, out_b}, 2, stride, idx, count};
 }
 
+/* rows 0 .. count-1 of w */
+static inline row_seq row_seq_dense(const void *w, size_t stride, int count, float *out) {
+    return (row_seq){{(const char *)w, NULL}, {out, NULL}, 1, stride, NULL, count};
+}
+
 static inline int row_seq_len(const row_seq *s) { return s->count * s->nmat; }
 
 static inline const char *row_seq_row(const row_seq *s, int i) {
-    return s->w[i % s->nmat] + (size_t)s->idx[i / s->nmat] * s->stride;
+    const int k = i / s->nmat;
+    return s->w[i % s->nmat] + (size_t)(s->idx ? s->idx[k] : k) * s->stride;
 }
 
 static inline float *row_seq_out(const row_seq *s, int i) { return &s->out[i % s->nmat][i / s->nmat]; }
