@@ -6,9 +6,9 @@
  *
  * The weights are a gather of scattered rows, which the hardware prefetcher
  * cannot guess, so every kernel prefetches into L2 the rows it will read
- * next: a dot the row GATHER_AHEAD_ROWS further down the list (Q4_0:
- * Q4_GATHER_ROWS), at the offset it is reading; an axpy the next group's
- * rows (kernels_q_avx512.h says why L2). */
+ * next: a dot the row GATHER_AHEAD_ROWS further down the list (Q4_0,
+ * dot_seq_q4_0 in kernels_q_avx512.h: Q4_GATHER_ROWS), at the offset it is
+ * reading; an axpy the next group's rows (kernels_q_avx512.h says why L2). */
 #include "kernels_q_avx512.h"
 #include "sparse_kernels.h"
 
