@@ -3,7 +3,8 @@
  * activation vector and reports GB/s of weight bytes streamed, once for a
  * matrix that fits in L2 (compute bound) and once for one far larger than
  * the caches (memory bound). Then the same for the predictor gemv
- * (pred_gemv.h) on the predictors' two shapes. */
+ * (pred_gemv.h) on the predictors' two shapes, and decode attention's K . q
+ * scores read head by head against position by position. */
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -150,6 +151,74 @@ static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, do
     }
 }
 
+/* Decode attention's K . q scores on a 7B layer: 32 heads of 128, the keys
+ * of a position one row of kv_dim F16 values (the stack's KV layout). */
+enum { ATT_HEADS = 32, ATT_HEAD_DIM = 128, ATT_KV_DIM = ATT_HEADS * ATT_HEAD_DIM };
+
+/* How the scores are read: head by head (each head's keys are head_dim
+ * values every kv_dim) or position by position (each position's keys of all
+ * heads are one contiguous row; what attention runs). */
+enum { BY_HEAD, BY_POSITION, SCORE_ORDERS };
+
+/* All heads' scores over positions [0, T) of one layer's keys, in `order`. */
+static void attention_scores(const kernels *k, int order, const uint16_t *keys, const uint16_t *q, int T,
+                             float *scores) {
+    if (order == BY_HEAD)
+        for (int h = 0; h < ATT_HEADS; h++)
+            for (int t = 0; t < T; t++)
+                scores[(size_t)h * T + t] =
+                    k->dot_f16(keys + (size_t)t * ATT_KV_DIM + h * ATT_HEAD_DIM, q + h * ATT_HEAD_DIM, ATT_HEAD_DIM);
+    for (int t = 0; order != BY_HEAD && t < T; t++) {
+        const uint16_t *row = keys + (size_t)t * ATT_KV_DIM;
+        for (int h = 0; h < ATT_HEADS; h++)
+            scores[(size_t)h * T + t] = k->dot_f16(row + h * ATT_HEAD_DIM, q + h * ATT_HEAD_DIM, ATT_HEAD_DIM);
+    }
+    sink = scores[(size_t)ATT_HEADS * T - 1];
+}
+
+/* microseconds per layer of the fastest pass over n_layers layers' keys
+ * (enough of them that they come from memory, as in decode) */
+static double measure_scores(const kernels *k, int order, const uint16_t *keys, int n_layers, const uint16_t *q,
+                             int T, float *scores, double min_seconds) {
+    const size_t layer = (size_t)T * ATT_KV_DIM;
+    double best = 1e30;
+    const double start = clock_seconds();
+    for (int pass = 0; pass < 4 || clock_seconds() - start < min_seconds; pass++) {
+        const double t0 = clock_seconds();
+        for (int l = 0; l < n_layers; l++) attention_scores(k, order, keys + (size_t)l * layer, q, T, scores);
+        const double t = clock_seconds() - t0;
+        if (pass > 0 && t < best) best = t; /* pass 0: warm-up */
+    }
+    return best * 1e6 / n_layers;
+}
+
+static void bench_attention(const kernels *const *isas, int n_isas, uint8_t *w, size_t big_bytes,
+                            double min_seconds) {
+    const int lengths[] = {64, 256, 1024, 2048};
+    static uint16_t q[ATT_KV_DIM];
+    static float scores[ATT_HEADS * 2048];
+    for (int i = 0; i < ATT_KV_DIM; i++) q[i] = f32_to_f16(rng_float());
+    printf("\ndecode attention's K . q scores, 7B layer (%d heads of %d), us per layer, keys from memory\n"
+           "%-10s %-12s %13s %12s %8s\n",
+           ATT_HEADS, ATT_HEAD_DIM, "positions", "isa", "head by head", "by position", "ratio");
+    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+        const size_t layer_bytes = (size_t)lengths[l] * ATT_KV_DIM * 2;
+        const int n_layers = (int)(big_bytes / layer_bytes);
+        if (n_layers < 1) continue;
+        fill_weights(KIND_F16, w, (size_t)n_layers * layer_bytes, ATT_KV_DIM * 2, ATT_KV_DIM);
+        for (int i = 0; i < n_isas; i++) {
+            if (!isas[i]) continue;
+            double us[SCORE_ORDERS];
+            for (int order = 0; order < SCORE_ORDERS; order++)
+                us[order] = measure_scores(isas[i], order, (const uint16_t *)w, n_layers, q, lengths[l], scores,
+                                           min_seconds);
+            printf("%-10d %-12s %13.1f %12.1f %8.2f\n", lengths[l], isas[i]->name, us[BY_HEAD], us[BY_POSITION],
+                   us[BY_HEAD] / us[BY_POSITION]);
+            fflush(stdout);
+        }
+    }
+}
+
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
             "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS]\n"
@@ -253,6 +322,7 @@ int main(int argc, char **argv) {
         }
     }
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
+    bench_attention(isas, n_isas, w, big_bytes, min_seconds);
     free(gemv_out);
     free(w);
     free(x8);
