@@ -163,16 +163,13 @@ enum { BY_HEAD, BY_POSITION, SCORE_ORDERS };
 /* All heads' scores over positions [0, T) of one layer's keys, in `order`. */
 static void attention_scores(const kernels *k, int order, const uint16_t *keys, const uint16_t *q, int T,
                              float *scores) {
-    if (order == BY_HEAD)
-        for (int h = 0; h < ATT_HEADS; h++)
-            for (int t = 0; t < T; t++)
-                scores[(size_t)h * T + t] =
-                    k->dot_f16(keys + (size_t)t * ATT_KV_DIM + h * ATT_HEAD_DIM, q + h * ATT_HEAD_DIM, ATT_HEAD_DIM);
-    for (int t = 0; order != BY_HEAD && t < T; t++) {
-        const uint16_t *row = keys + (size_t)t * ATT_KV_DIM;
-        for (int h = 0; h < ATT_HEADS; h++)
-            scores[(size_t)h * T + t] = k->dot_f16(row + h * ATT_HEAD_DIM, q + h * ATT_HEAD_DIM, ATT_HEAD_DIM);
-    }
+    const int outer = order == BY_HEAD ? ATT_HEADS : T, inner = order == BY_HEAD ? T : ATT_HEADS;
+    for (int i = 0; i < outer; i++)
+        for (int j = 0; j < inner; j++) {
+            const int h = order == BY_HEAD ? i : j, t = order == BY_HEAD ? j : i;
+            scores[(size_t)h * T + t] =
+                k->dot_f16(keys + (size_t)t * ATT_KV_DIM + h * ATT_HEAD_DIM, q + h * ATT_HEAD_DIM, ATT_HEAD_DIM);
+        }
     sink = scores[(size_t)ATT_HEADS * T - 1];
 }
 
@@ -207,7 +204,7 @@ static void bench_attention(const kernels *const *isas, int n_isas, uint8_t *w, 
         if (n_layers < 1) continue;
         fill_weights(KIND_F16, w, (size_t)n_layers * layer_bytes, ATT_KV_DIM * 2, ATT_KV_DIM);
         for (int i = 0; i < n_isas; i++) {
-            if (!isas[i]) continue;
+            if (!isas[i] || isas[i] == kernels_scalar()) continue; /* too slow to stream */
             double us[SCORE_ORDERS];
             for (int order = 0; order < SCORE_ORDERS; order++)
                 us[order] = measure_scores(isas[i], order, (const uint16_t *)w, n_layers, q, lengths[l], scores,
