@@ -82,15 +82,12 @@ static inline void transpose8_pd(const __m512d p[8], __m512d c[8]) {
  * dependent double adds a row; here 8 rows' chains are the lanes of one
  * vector: the products of 8 rows by 8 columns are transposed so that lane r
  * of column c holds row r's product c. Each row prefetches into L2 the one
- * F16_ROWS_AHEAD rows further: attention's V rows are read once per token,
- * from memory, and only their first n of n_ctx values. */
+ * F16_ROWS_AHEAD rows further (gather_ahead): attention's V rows are read
+ * once per token, from memory, and only their first n of n_ctx values. */
 #define F16_ROWS_AHEAD 4
 
-static inline const char *row_ahead(const uint16_t *w, size_t row_stride, int rows, int r) {
-    return r + F16_ROWS_AHEAD < rows ? (const char *)(w + (size_t)(r + F16_ROWS_AHEAD) * row_stride) : NULL;
-}
-
 void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
+    const row_seq seq = row_seq_dense(w, row_stride * sizeof(uint16_t), rows, out);
     const int np = n & ~63, left = n - np;
     __m256 xt[8]; /* x's leftovers, 8 at a time (masked: lanes past n are 0) */
     for (int i = 0; i < left; i += 8)
@@ -99,7 +96,7 @@ void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const u
     for (; left && r0 + 8 <= rows; r0 += 8) { /* no leftovers: no chains, f16_row below */
         double head[8];
         for (int r = 0; r < 8; r++)
-            head[r] = f16_steps(w + (size_t)(r0 + r) * row_stride, x, np, row_ahead(w, row_stride, rows, r0 + r));
+            head[r] = f16_steps(w + (size_t)(r0 + r) * row_stride, x, np, gather_ahead(&seq, r0 + r, F16_ROWS_AHEAD));
         __m512d sum = _mm512_loadu_pd(head);
         for (int i = 0; i < left; i += 8) {
             const __mmask8 m = (__mmask8)lanes_from(i, left);
@@ -116,7 +113,7 @@ void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const u
         }
         _mm256_storeu_ps(out + r0, _mm512_cvtpd_ps(sum));
     }
-    for (; r0 < rows; r0++) out[r0] = f16_row(w + (size_t)r0 * row_stride, x, n, row_ahead(w, row_stride, rows, r0));
+    for (; r0 < rows; r0++) out[r0] = f16_row(w + (size_t)r0 * row_stride, x, n, gather_ahead(&seq, r0, F16_ROWS_AHEAD));
 }
 
 /* ggml's ggml_v_expf (AVX-512): exp to ~1.5 ulp, reproduced bit for bit */

@@ -85,9 +85,10 @@ static int padded_kv_len(int T, int n_ctx) {
     return n < n_ctx ? n : n_ctx;
 }
 
+#define KQ_AHEAD 2 /* positions: how far ahead attention requests the keys */
+
 /* Requests into L2 `bytes` of position t's keys from element `first` on:
  * without it, each head's dot at a position waits for its first line. */
-#define KQ_AHEAD 2 /* positions ahead */
 static void prefetch_keys(const kv_layer *kv, int t, size_t first, size_t bytes) {
     const char *p = (const char *)(kv->k + (size_t)t * kv->kv_dim + first);
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);

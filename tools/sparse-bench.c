@@ -154,8 +154,12 @@ static double run_layer(const bench *b, const kernels *dk, const sparse_type_ker
 
 #define MAX_PASSES 4096
 
-static int compare_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
+typedef struct {
+    double seconds, bytes; /* a pass's time and the bytes its active sets touched */
+} pass_time;
+
+static int compare_pass_time(const void *a, const void *b) {
+    const double x = ((const pass_time *)a)->seconds, y = ((const pass_time *)b)->seconds;
     return (x > y) - (x < y);
 }
 
@@ -166,21 +170,20 @@ static int compare_double(const void *a, const void *b) {
  * best for the gathers and the axpy. */
 static double measure(const bench *b, const kernels *dk, const sparse_type_kernels *sk, int op, double min_seconds,
                       double *us_per_layer, double *median_us_per_layer) {
-    static double times[MAX_PASSES];
-    double bytes = 0;
+    static pass_time times[MAX_PASSES];
     int n = 0;
     const double start = clock_seconds();
     for (int pass = 0; n < MAX_PASSES && (pass < 4 || clock_seconds() - start < min_seconds); pass++) {
         const double t0 = clock_seconds();
-        bytes = 0;
+        double bytes = 0;
         for (int l = 0; l < b->layers; l++) bytes += run_layer(b, dk, sk, op, l, pass % ACTIVE_SETS);
-        if (pass > 0) times[n++] = clock_seconds() - t0; /* pass 0 warms up */
+        if (pass > 0) times[n++] = (pass_time){clock_seconds() - t0, bytes}; /* pass 0 warms up */
     }
     sink = b->out_a[0] + b->out_b[0] + b->y[0];
-    qsort(times, (size_t)n, sizeof *times, compare_double);
-    *us_per_layer = times[0] / b->layers * 1e6;
-    *median_us_per_layer = times[n / 2] / b->layers * 1e6;
-    return bytes / times[0] / 1e9;
+    qsort(times, (size_t)n, sizeof *times, compare_pass_time);
+    *us_per_layer = times[0].seconds / b->layers * 1e6;
+    *median_us_per_layer = times[n / 2].seconds / b->layers * 1e6;
+    return times[0].bytes / times[0].seconds / 1e9;
 }
 
 static void usage(FILE *out, const char *prog) {
