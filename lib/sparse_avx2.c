@@ -7,6 +7,8 @@
  * cannot guess, so each kernel prefetches into L2, at the offset it is
  * reading, the rows it reads next: a dot the next row, an axpy the next
  * group's rows. */
+#include <stddef.h>
+
 #include "kernels_avx2.h"
 #include "sparse_kernels.h"
 #include "sparse_rows.h"
@@ -109,34 +111,93 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     }
 }
 
+/* Q4_0 (sparse_kernels.h: int8 coefficients per group of AXPY_Q4_GROUP rows
+ * and block): two rows' nibbles interleaved by byte, PMADDUBSW multiplies them
+ * by the rows' int8 coefficients and adds each pair; the int16 sums stay
+ * exact (|c * q| <= 127 * 15, 8 pairs <= 30480). */
+
+#define Q4_AXPY_RUN 8 /* blocks whose coefficients are quantized in one pass */
+
+/* A run's quantized coefficients: per block j, pair p's two int8 in the low
+ * 16 bits of c2[p][j] (even row low), the -8's integer term, the scale. */
+typedef struct {
+    int32_t c2[AXPY_Q4_GROUP / 2][Q4_AXPY_RUN] __attribute__((aligned(32)));
+    int32_t bias[Q4_AXPY_RUN] __attribute__((aligned(32)));
+    float scale[Q4_AXPY_RUN] __attribute__((aligned(32)));
+} q4_run_coefs;
+
+static __m256 q4_scales(const char *p, int run) {
+    float d[Q4_AXPY_RUN] = {0};
+    for (int j = 0; j < run; j++) d[j] = load_f16(p + j * sizeof(block_q4_0));
+    return _mm256_loadu_ps(d);
+}
+
+static void q4_quantize_run(const q4_axpy_group *g, size_t off, int run, q4_run_coefs *q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const int pairs = (g->m + 1) / 2; /* the last one padded */
+    __m256 cd[AXPY_Q4_GROUP], m = _mm256_setzero_ps();
+    for (int r = 0; r < 2 * pairs; r++) {
+        cd[r] = _mm256_mul_ps(_mm256_set1_ps(g->coef[r]), q4_scales(g->rows[r] + off, run));
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, cd[r]));
+    }
+    const __m256 inv = _mm256_and_ps(_mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ),
+                                     _mm256_div_ps(_mm256_set1_ps(127.0f), m));
+    _mm256_store_ps(q->scale, _mm256_mul_ps(m, _mm256_set1_ps(1.0f / 127.0f)));
+    const __m256i byte = _mm256_set1_epi32(0xff);
+    __m256i sum = _mm256_setzero_si256();
+    for (int p = 0; p < pairs; p++) {
+        const __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(cd[2 * p], inv)); /* nearest-even, as lrintf */
+        const __m256i c1 = _mm256_cvtps_epi32(_mm256_mul_ps(cd[2 * p + 1], inv));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(c0, c1));
+        _mm256_store_si256((__m256i *)q->c2[p],
+                           _mm256_or_si256(_mm256_and_si256(c0, byte), _mm256_slli_epi32(_mm256_and_si256(c1, byte), 8)));
+    }
+    _mm256_store_si256((__m256i *)q->bias, _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 3)));
+}
+
+/* a block's 32 nibbles of a row as bytes, elements 0-15 then 16-31 */
+static inline __m256i q4_nibbles(const char *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* y[0..31] += scale * (bias + the int16 sums: s0 = elements 0-7 | 16-23, s1 = 8-15 | 24-31) */
+static inline void q4_add_block(float *y, __m256i s0, __m256i s1, int32_t bias, float scale) {
+    const __m256i b = _mm256_set1_epi32(bias);
+    const __m256 sc = _mm256_set1_ps(scale);
+    const __m256i parts[4] = {s0, s1, s0, s1};
+    for (int i = 0; i < 4; i++) { /* elements 8i.. */
+        const __m128i half = i < 2 ? _mm256_castsi256_si128(parts[i]) : _mm256_extracti128_si256(parts[i], 1);
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_cvtepi16_epi32(half), b));
+        _mm256_storeu_ps(y + 8 * i, _mm256_fmadd_ps(sc, v, _mm256_loadu_ps(y + 8 * i)));
+    }
+}
+
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n) {
     const int nb = n / QK4_0;
-    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
-        axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
-        for (int b = 0; b < nb; b++) {
-            const size_t off = (size_t)b * sizeof(block_q4_0);
-            axpy_prefetch_next(g.next, g.m, off, sizeof(block_q4_0));
-            float *yb = y + b * QK4_0;
-            __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8);
-            __m256 y2 = _mm256_loadu_ps(yb + 16), y3 = _mm256_loadu_ps(yb + 24);
-            for (int r = 0; r < g.m; r++) {
-                const block_q4_0 *blk = (const block_q4_0 *)(g.rows[r] + off);
-                const __m256 cd = _mm256_set1_ps(g.coef[r] * load_f16(&blk->d));
-                const __m128i packed = _mm_loadu_si128((const __m128i *)blk->qs);
-                const __m128i lo = _mm_sub_epi8(_mm_and_si128(packed, low4), eight);
-                const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), eight);
-                y0 = _mm256_fmadd_ps(cd, i8x8_to_ps(lo), y0);
-                y1 = _mm256_fmadd_ps(cd, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)), y1);
-                y2 = _mm256_fmadd_ps(cd, i8x8_to_ps(hi), y2);
-                y3 = _mm256_fmadd_ps(cd, i8x8_to_ps(_mm_unpackhi_epi64(hi, hi)), y3);
+    for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
+        q4_axpy_group g;
+        q4_axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        const int pairs = (g.m + 1) / 2;
+        for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
+            const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;
+            q4_run_coefs q;
+            q4_quantize_run(&g, (size_t)b0 * sizeof(block_q4_0), run, &q);
+            for (int j = 0; j < run; j++) {
+                const size_t off = (size_t)(b0 + j) * sizeof(block_q4_0);
+                axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q4_0));
+                const size_t qs = off + offsetof(block_q4_0, qs);
+                __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+                for (int p = 0; p < pairs; p++) {
+                    const __m256i a = q4_nibbles(g.rows[2 * p] + qs), b = q4_nibbles(g.rows[2 * p + 1] + qs);
+                    const __m256i c = _mm256_set1_epi16((short)q.c2[p][j]);
+                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(a, b), c));
+                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(a, b), c));
+                }
+                q4_add_block(y + (size_t)(b0 + j) * QK4_0, s0, s1, q.bias[j], q.scale[j]);
             }
-            _mm256_storeu_ps(yb, y0);
-            _mm256_storeu_ps(yb + 8, y1);
-            _mm256_storeu_ps(yb + 16, y2);
-            _mm256_storeu_ps(yb + 24, y3);
         }
     }
 }

@@ -9,6 +9,8 @@
  * next: a dot the row GATHER_AHEAD_ROWS further down the list (Q4_0,
  * dot_seq_q4_0 in kernels_q_avx512.h: Q4_GATHER_ROWS), at the offset it is
  * reading; an axpy the next group's rows (kernels_q_avx512.h says why L2). */
+#include <stddef.h>
+
 #include "kernels_q_avx512.h"
 #include "sparse_kernels.h"
 
@@ -133,34 +135,41 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     }
 }
 
-/* Q4_0: on Zen 4 this axpy is bound by vector execution, not by memory or by
- * its 8-deep FMA chains (2 and 4 blocks per pass measured slower). With
- * vpermps lookups the q - 8 conversions queue on the shuffle pipes next to the
- * FMAs, and a scalar cd per (row, block) costs about as much as its two
- * FMAs. So the nibbles become floats by integer ops and a subtraction, which
- * run on the pipes the FMAs leave idle, and the cds of 8 blocks of a row come
- * from one vector multiply (the same single rounding of coef * d as the
- * scalar one). tools/sparse-bench -t q4_0 with its rows in cache
- * (-f 1024 -p 0.25 -m 2): 12.1 -> 13.3 GB/s; from memory alone no measurable
- * change (10 GB/s), but in the stack, where both cores share the bus, the
- * 7B predictor-mode axpy took 6 % less time (timers around it, three
- * interleaved runs). The same changes made the Q8_0 axpy slower (its
- * cvtdq2ps conversion is cheaper than the magic-number one). */
+/* Q4_0 (sparse_kernels.h: int8 coefficients per group of AXPY_Q4_GROUP rows
+ * and block). The float form needed 7 vector ops per row and block (nibbles
+ * to floats, the -8, two FMAs) and was bound by execution on Zen 4. Here four
+ * rows' nibbles of a block are interleaved so that each 32-bit lane holds one
+ * element of the four rows, and VPDPBUSD multiplies them by the rows' four
+ * int8 coefficients and sums them in one op per 16 elements; the -8 is one
+ * integer bias per block. tools/sparse-bench -t q4_0 -i avx512, three
+ * interleaved rounds: in cache (-f 1024 -p 0.25 -m 2) 12.8-13.7 -> 22.8 GB/s,
+ * from memory (-P thp) 11.8-12.0 -> 17.4-17.8; groups of 8 rows gave
+ * 18.7-20.0 and 15.0-16.2. */
 
-#define Q4_CD_BLOCKS 8 /* q4_scales8 picks 8 */
+#define Q4_AXPY_RUN 16 /* blocks whose coefficients are quantized in one pass */
 
-/* float(q - bias) for the integer q = v & mask in each lane, q below bit k - 23
- * of an f32 of exponent k: OR-ing q into the mantissa of magic = 2^k gives
- * 2^k + q exactly, and subtracting 2^k + bias is exact too */
-static inline __m512 lanes_minus(__m512i v, int mask, int magic_bits, float magic_plus_bias) {
-    const __m512i magic_q = _mm512_ternarylogic_epi32(v, _mm512_set1_epi32(mask), _mm512_set1_epi32(magic_bits), 0xea);
-    return _mm512_sub_ps(_mm512_castsi512_ps(magic_q), _mm512_set1_ps(magic_plus_bias));
+/* lane L: [dword L of a's low half, of a's high half, of b's low, of b's high] */
+static inline __m512i dwords_by_lane(__m256i a, __m256i b) {
+    const __m512i sel = _mm512_setr_epi32(0, 4, 16, 20, 1, 5, 17, 21, 2, 6, 18, 22, 3, 7, 19, 23);
+    return _mm512_permutex2var_epi32(_mm512_castsi256_si512(a), sel, _mm512_castsi256_si512(b));
 }
 
-/* q - 8 for the low nibbles (as 2^23 + q) and the high ones (their bits 4-7
- * are units of 2^19) of the block's bytes, one byte per lane */
-static inline __m512 q4_low_centred(__m512i bytes) { return lanes_minus(bytes, 0x0f, 0x4b000000, 0x1p23f + 8); }
-static inline __m512 q4_high_centred(__m512i bytes) { return lanes_minus(bytes, 0xf0, 0x49000000, 0x1p19f + 8); }
+/* within each 16-byte lane, byte 4i + r <- byte 4r + i */
+static inline __m512i transpose_4x4_bytes(__m512i v) {
+    const __m512i t = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    return _mm512_shuffle_epi8(v, t);
+}
+
+static inline __m256i pair128(__m128i lo, __m128i hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* 16 bytes of four rows, interleaved: dword e = [a[e], b[e], c[e], d[e]] */
+static inline __m512i interleave4(__m128i a, __m128i b, __m128i c, __m128i d) {
+    return transpose_4x4_bytes(dwords_by_lane(pair128(a, b), pair128(c, d)));
+}
+
+static inline __m128i load16(const char *p) { return _mm_loadu_si128((const __m128i *)p); }
 
 /* the f16 scales of blocks 0..7 from blk: the words 9j of its first 128 bytes */
 static inline __m128i q4_scales8(const char *blk) {
@@ -170,43 +179,76 @@ static inline __m128i q4_scales8(const char *blk) {
         _mm512_permutex2var_epi16(_mm512_loadu_si512(blk), words, _mm512_loadu_si512(blk + 64)));
 }
 
-/* y[0..31] += the group's terms for its block at off, row r's cd at cd[r * cd_step] */
-static inline __attribute__((always_inline)) void q4_axpy_block(const axpy_group *g, size_t off, const float *cd,
-                                                                 int cd_step, float *y) {
-    axpy_prefetch_next(g->next, g->m, off, sizeof(block_q4_0));
-    __m512 y0 = _mm512_loadu_ps(y), y1 = _mm512_loadu_ps(y + 16);
-    for (int r = 0; r < g->m; r++) {
-        const __m512 c = _mm512_set1_ps(cd[r * cd_step]);
-        const block_q4_0 *blk = (const block_q4_0 *)(g->rows[r] + off);
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
-        y0 = _mm512_fmadd_ps(c, q4_low_centred(bytes), y0);
-        y1 = _mm512_fmadd_ps(c, q4_high_centred(bytes), y1);
+/* the scales of blocks 0..run-1 of a row from its block at p (lanes past run: 0) */
+static inline __m512 q4_scales16(const char *p, int run) {
+    if (run == Q4_AXPY_RUN)
+        return _mm512_cvtph_ps(pair128(q4_scales8(p), q4_scales8(p + 8 * sizeof(block_q4_0))));
+    float d[Q4_AXPY_RUN] = {0};
+    for (int j = 0; j < run; j++) d[j] = load_f16(p + j * sizeof(block_q4_0));
+    return _mm512_loadu_ps(d);
+}
+
+/* A run's quantized coefficients: per block j, set h's four int8 in c4[h][j],
+ * the -8's integer term in bias[j], the scale in scale[j]. */
+typedef struct {
+    int32_t c4[AXPY_Q4_GROUP / 4][Q4_AXPY_RUN] __attribute__((aligned(64)));
+    int32_t bias[Q4_AXPY_RUN] __attribute__((aligned(64)));
+    float scale[Q4_AXPY_RUN] __attribute__((aligned(64)));
+} q4_run_coefs;
+
+static inline __attribute__((always_inline)) void q4_quantize_run(const q4_axpy_group *g, size_t off, int run,
+                                                                  q4_run_coefs *q) {
+    const int sets = (g->m + 3) / 4; /* of 4 rows, the last one padded */
+    __m512 cd[AXPY_Q4_GROUP], m = _mm512_setzero_ps();
+    for (int r = 0; r < 4 * sets; r++) {
+        cd[r] = _mm512_mul_ps(_mm512_set1_ps(g->coef[r]), q4_scales16(g->rows[r] + off, run));
+        m = _mm512_max_ps(m, _mm512_abs_ps(cd[r]));
     }
-    _mm512_storeu_ps(y, y0);
-    _mm512_storeu_ps(y + 16, y1);
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                           _mm512_set1_ps(127.0f), m);
+    _mm512_store_ps(q->scale, _mm512_mul_ps(m, _mm512_set1_ps(1.0f / 127.0f)));
+    __m512i sum = _mm512_setzero_si512();
+    __m128i c8[AXPY_Q4_GROUP];
+    for (int r = 0; r < 4 * sets; r++) {
+        const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(cd[r], inv)); /* MXCSR's nearest-even, as lrintf */
+        sum = _mm512_add_epi32(sum, c);
+        c8[r] = _mm512_cvtepi32_epi8(c);
+    }
+    _mm512_store_si512(q->bias, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 3)));
+    for (int h = 0; h < sets; h++)
+        _mm512_store_si512(q->c4[h], interleave4(c8[4 * h], c8[4 * h + 1], c8[4 * h + 2], c8[4 * h + 3]));
 }
 
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n) {
     const int nb = n / QK4_0;
-    for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
-        axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
-        int b = 0;
-        for (; b + Q4_CD_BLOCKS <= nb; b += Q4_CD_BLOCKS) {
-            const size_t off = (size_t)b * sizeof(block_q4_0);
-            float cd[AXPY_ROWS][Q4_CD_BLOCKS] __attribute__((aligned(32)));
-            for (int r = 0; r < g.m; r++)
-                _mm256_store_ps(cd[r], _mm256_mul_ps(_mm256_set1_ps(g.coef[r]),
-                                                     _mm256_cvtph_ps(q4_scales8(g.rows[r] + off))));
-            for (int j = 0; j < Q4_CD_BLOCKS; j++)
-                q4_axpy_block(&g, off + j * sizeof(block_q4_0), &cd[0][j], Q4_CD_BLOCKS, y + (b + j) * QK4_0);
-        }
-        for (; b < nb; b++) { /* the last nb % 8 blocks */
-            const size_t off = (size_t)b * sizeof(block_q4_0);
-            float cd[AXPY_ROWS];
-            for (int r = 0; r < g.m; r++) cd[r] = g.coef[r] * load_f16(g.rows[r] + off);
-            q4_axpy_block(&g, off, cd, 1, y + b * QK4_0);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
+        q4_axpy_group g;
+        q4_axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        const int sets = (g.m + 3) / 4;
+        for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
+            const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;
+            q4_run_coefs q;
+            q4_quantize_run(&g, (size_t)b0 * sizeof(block_q4_0), run, &q);
+            for (int j = 0; j < run; j++) {
+                const size_t off = (size_t)(b0 + j) * sizeof(block_q4_0);
+                axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q4_0));
+                const size_t qs = off + offsetof(block_q4_0, qs);
+                __m512i lo = _mm512_set1_epi32(q.bias[j]), hi = lo;
+                for (int h = 0; h < sets; h++) {
+                    const char *const *r = &g.rows[4 * h];
+                    const __m512i v = interleave4(load16(r[0] + qs), load16(r[1] + qs), load16(r[2] + qs),
+                                                  load16(r[3] + qs));
+                    const __m512i c = _mm512_set1_epi32(q.c4[h][j]);
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, low4), c);
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), c);
+                }
+                float *yb = y + (size_t)(b0 + j) * QK4_0;
+                const __m512 scale = _mm512_set1_ps(q.scale[j]);
+                _mm512_storeu_ps(yb, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lo), _mm512_loadu_ps(yb)));
+                _mm512_storeu_ps(yb + 16, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(hi), _mm512_loadu_ps(yb + 16)));
+            }
         }
     }
 }

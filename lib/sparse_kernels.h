@@ -24,9 +24,15 @@
  *          summation order).
  *   dot2:  the fused gate+up form: out_a[k] and out_b[k] are dot's results for
  *          row idx[k] of w_a and of w_b (same row_stride), in one pass.
- *   axpy:  y[i] += sum_k coef[k] * row idx[k][i], k ascending, each term one
- *          fused multiply-add in f32: F32/F16 y = fma(coef, w, y); Q8_0/Q4_0
- *          per block cd = coef * d, then y = fma(cd, q, y) (q - 8 for Q4_0).
+ *   axpy:  y[i] += sum_k coef[k] * row idx[k][i]. F32/F16/Q8_0: k ascending,
+ *          each term one fused multiply-add in f32: F32/F16 y = fma(coef, w, y);
+ *          Q8_0 per block cd = coef * d, then y = fma(cd, q, y). Q4_0 (VNNI's
+ *          int8 dot products, as the dense Q4_0 dots quantize x to 8 bits): the
+ *          rows go in groups of AXPY_Q4_GROUP (k ascending, the last one
+ *          shorter); per group and block, cd_r = coef * d of each row r, m the
+ *          largest |cd_r|, c_r = lrintf(cd_r * (127 / m)) (0 when m is 0), an
+ *          exact integer sum_r c_r * (q_r - 8) per element, then
+ *          y = fma(m * (1 / 127.f), sum, y).
  *          Bit-exact across ISAs, so results do not depend on the machine.
  * n is the row length in elements: any n >= 0 for F32/F16, a multiple of 32 for
  * Q8_0/Q4_0. count may be 0. */
@@ -37,6 +43,8 @@
 #include <stdint.h>
 
 #include "kernels.h"
+
+#define AXPY_Q4_GROUP 16 /* rows whose Q4_0 axpy coefficients share a scale per block */
 
 typedef void (*sparse_dot_fn)(const void *w, size_t row_stride, const int32_t *idx, int count, const void *x, int n,
                               float *out);

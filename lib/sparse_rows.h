@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <xmmintrin.h>
 
+#include "sparse_kernels.h"
+
 typedef struct {
     const char *w[2];   /* the matrices (w[1] only when nmat == 2) */
     float *out[2];      /* their outputs, indexed by k */
@@ -76,6 +78,29 @@ static inline __attribute__((always_inline)) void axpy_prefetch_next(const char 
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
         if (next[r]) _mm_prefetch(next[r] + last, _MM_HINT_T1);
+}
+
+/* ---- the Q4_0 axpy's groups (sparse_kernels.h: AXPY_Q4_GROUP rows share
+ * their int8 coefficients' scale per block) ---- */
+
+typedef struct {
+    const char *rows[AXPY_Q4_GROUP], *next[AXPY_Q4_GROUP]; /* next: the next group's rows */
+    float coef[AXPY_Q4_GROUP];
+    int m, next_m; /* rows in this group, in the next */
+} q4_axpy_group;
+
+/* the group of rows k0.. of idx; slots past m repeat row idx[k0] with
+ * coefficient 0 (int8 coefficient 0: a SIMD pass may run them as padding) */
+static inline void q4_axpy_group_at(q4_axpy_group *g, const char *w, size_t stride, const int32_t *idx,
+                                    const float *coef, int count, int k0) {
+    const int k1 = k0 + AXPY_Q4_GROUP;
+    g->m = count - k0 < AXPY_Q4_GROUP ? count - k0 : AXPY_Q4_GROUP;
+    g->next_m = count <= k1 ? 0 : count - k1 < AXPY_Q4_GROUP ? count - k1 : AXPY_Q4_GROUP;
+    for (int r = 0; r < AXPY_Q4_GROUP; r++) {
+        g->rows[r] = w + (size_t)idx[k0 + (r < g->m ? r : 0)] * stride;
+        g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
+        g->next[r] = r < g->next_m ? w + (size_t)idx[k1 + r] * stride : NULL;
+    }
 }
 
 #endif

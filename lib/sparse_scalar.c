@@ -72,16 +72,36 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     }
 }
 
+/* The int8 coefficients of one (group, block) of a Q4_0 axpy (sparse_kernels.h):
+ * c[r] = round(cd_r * (127 / m)), m the largest |cd_r|; returns the scale m / 127. */
+static float q4_axpy_quantize(const float *cd, int rows, int8_t *c) {
+    float m = 0.0f;
+    for (int r = 0; r < rows; r++) m = fmaxf(m, fabsf(cd[r]));
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (int r = 0; r < rows; r++) c[r] = (int8_t)lrintf(cd[r] * inv);
+    return m * (1.0f / 127.0f);
+}
+
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n) {
-    for (int k = 0; k < count; k++) {
-        const block_q4_0 *row = (const block_q4_0 *)((const char *)w + (size_t)idx[k] * stride);
+    for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
+        const int rows = count - k0 < AXPY_Q4_GROUP ? count - k0 : AXPY_Q4_GROUP;
+        const block_q4_0 *row[AXPY_Q4_GROUP];
+        for (int r = 0; r < rows; r++) row[r] = (const block_q4_0 *)((const char *)w + (size_t)idx[k0 + r] * stride);
         for (int b = 0; b < n / QK4_0; b++) {
-            const float cd = coef[k] * block_scale(&row[b]);
+            float cd[AXPY_Q4_GROUP];
+            int8_t c[AXPY_Q4_GROUP];
+            for (int r = 0; r < rows; r++) cd[r] = coef[k0 + r] * block_scale(&row[r][b]);
+            const float scale = q4_axpy_quantize(cd, rows, c);
             float *yb = y + b * QK4_0;
             for (int j = 0; j < QK4_0 / 2; j++) {
-                yb[j] = fmaf(cd, (float)((row[b].qs[j] & 0x0f) - 8), yb[j]);
-                yb[j + QK4_0 / 2] = fmaf(cd, (float)((row[b].qs[j] >> 4) - 8), yb[j + QK4_0 / 2]);
+                int32_t lo = 0, hi = 0;
+                for (int r = 0; r < rows; r++) {
+                    lo += c[r] * ((row[r][b].qs[j] & 0x0f) - 8);
+                    hi += c[r] * ((row[r][b].qs[j] >> 4) - 8);
+                }
+                yb[j] = fmaf(scale, (float)lo, yb[j]);
+                yb[j + QK4_0 / 2] = fmaf(scale, (float)hi, yb[j + QK4_0 / 2]);
             }
         }
     }

@@ -106,7 +106,24 @@ static void check_tensors(const char *tag, const model *m, const model *r, const
     CHECK(rest_ok, "%s: attention, norms, embeddings unchanged", tag);
 }
 
-/* Greedy decode of both models side by side: same tokens, logits within rounding. */
+/* Whether m's sparse FFN sums Q4_0 down_t rows: its axpy quantizes each group
+ * of AXPY_Q4_GROUP neurons' coefficients to int8 on a shared scale
+ * (sparse_kernels.h), and a reorder regroups the neurons. */
+static bool q4_axpy(const model *m) { return m->layers[0].down_t.data && m->layers[0].down_t.type == GGML_TYPE_Q4_0; }
+
+/* the largest logit less the runner-up */
+static double top_gap(const float *l, int n) {
+    const int t = argmax(l, n);
+    double second = -INFINITY;
+    for (int v = 0; v < n; v++)
+        if (v != t) second = fmax(second, l[v]);
+    return l[t] - second;
+}
+
+/* Greedy decode of both models side by side (the first model's tokens fed to
+ * both): same tokens, logits within rounding; with the Q4_0 axpy, within its
+ * 8-bit quantization, and a different token only where the first model's top
+ * two logits are closer than that. */
 static void check_same_function(const char *tag, const model *m, const model *r, ffn_mode mode) {
     static const int prompts[3][5] = {{1, 50, 120, 300, 7}, {1, 400, 401, 12, 99}, {1, 3, 3, 250, 510}};
     char err[256];
@@ -117,6 +134,10 @@ static void check_same_function(const char *tag, const model *m, const model *r,
     CHECK(engine_set_ffn_mode(ea, mode, NULL, err, sizeof err) == 0 &&
               engine_set_ffn_mode(eb, mode, NULL, err, sizeof err) == 0,
           "%s: %s mode: %s", tag, ffn_mode_name(mode), err);
+    /* F16 and quantized products round their activations to F16 / Q8_0 first: a
+     * rounding-level change can move an element across a rounding boundary, so
+     * an element of a product input may move by one step of its rounding */
+    const double tol = q4_axpy(m) ? 3e-2 : m->layers[0].gate.type == GGML_TYPE_F32 ? 1e-4 : 5e-3;
     int same_tokens = 1;
     double worst = 0;
     for (int p = 0; p < 3; p++) {
@@ -131,19 +152,15 @@ static void check_same_function(const char *tag, const model *m, const model *r,
             }
             worst = fmax(worst, diff / scale);
             int ta = argmax(la, m->n_vocab), tb = argmax(b, m->n_vocab);
-            same_tokens &= ta == tb;
+            same_tokens &= ta == tb || (q4_axpy(m) && top_gap(la, m->n_vocab) <= 2 * tol * scale);
             a = engine_forward(ea, ta, pos);
             memcpy(la, a, sizeof *la * (size_t)m->n_vocab);
             b = engine_forward(eb, ta, pos);
         }
     }
     CHECK(same_tokens, "%s %s: the same greedy tokens", tag, ffn_mode_name(mode));
-    /* F16 and quantized products round their activations to F16 / Q8_0 first: a
-     * rounding-level change can move an element across a rounding boundary, so
-     * an element of a product input may move by one step of its rounding */
-    double tol = m->layers[0].gate.type == GGML_TYPE_F32 ? 1e-4 : 5e-3;
-    CHECK(worst < tol, "%s %s: logits differ by %.3g of their scale (rounding only; allowed %.g)", tag,
-          ffn_mode_name(mode), worst, tol);
+    CHECK(worst < tol, "%s %s: logits differ by %.3g of their scale (allowed %.g)", tag, ffn_mode_name(mode), worst,
+          tol);
 out:
     engine_free(ea);
     engine_free(eb);
@@ -182,7 +199,10 @@ static void check_firing_order(const char *tag, const model *r, const uint32_t *
         for (int j = 0; j < n_ff; j++) total += x[j], head += j < n_ff / 5 ? x[j] : 0;
         head_share += (double)head / (double)total / r->n_layer;
     }
-    CHECK(moved <= (long)cells / 100, "%s: %ld of %zu neurons changed firing count on the copy", tag, moved, cells);
+    /* the Q4_0 axpy's quantization moves the residual more than rounding does (check_same_function) */
+    const long allowed = (long)cells / (q4_axpy(r) ? 25 : 100);
+    CHECK(moved <= allowed, "%s: %ld of %zu neurons changed firing count on the copy (allowed %ld)", tag, moved, cells,
+          allowed);
     CHECK(rises == 0, "%s: %ld rises along the new order", tag, rises);
     /* mkmodel plants 20 % of neurons taking 80 % of firings */
     if (g == 1) CHECK(head_share > 0.7, "%s: the first 20%% of neurons take %.2f of firings", tag, head_share);

@@ -6,8 +6,9 @@
  *     and the fused gate+up form equals two plain gathers;
  *   - every ISA's dot is within the summation-order bound of the scalar one,
  *     and the scalar one within the rounding bound of a double reference;
- *   - gather axpy is bit-exact with the scalar one (a fixed fma order), and the
- *     scalar one is within the rounding bound of a double reference of y + W^T h.
+ *   - gather axpy is bit-exact with the scalar one (a fixed fma order; Q4_0's
+ *     int8 coefficients quantized alike), and the scalar one is within the
+ *     rounding (and Q4_0's quantization) bound of a double reference of y + W^T h.
  * Rows sit at unaligned addresses, and with a padded stride the padding holds
  * NaN bytes, so a kernel that reads outside its rows changes the results. */
 #include <math.h>
@@ -188,6 +189,13 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
     free(ref);
 }
 
+/* the scale d of block b of Q4_0 row r */
+static double q4_block_scale(const matrix *m, int r, int b) {
+    uint16_t h;
+    memcpy(&h, m->base + (size_t)r * m->stride + (size_t)b * sizeof(block_q4_0), sizeof h);
+    return f16_to_f32(h);
+}
+
 static void check_axpy(const matrix *m, const int32_t *idx, int count, const char *what) {
     const int n = m->n;
     float *coef = malloc(((size_t)count + 1) * sizeof *coef), *y0 = malloc(((size_t)n + 1) * sizeof *y0);
@@ -198,16 +206,29 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
     sparse_kernels_for_type(sparse_kernels_scalar(), m->type)->axpy(m->base, m->stride, idx, coef, count, ref, n);
 
     /* the scalar reference against y0 + W^T coef in double: each term carries
-     * the rounding of its coef * d (for blocks) and of its fma */
+     * the rounding of its coef * d (for blocks) and of its fma; Q4_0 also its
+     * int8 coefficient's, at most half a step m / 127 (m: its group's largest
+     * |coef * d| in the block) per unit of |q - 8| */
     int bad_scalar = 0;
     for (int i = 0; i < n; i++) {
-        double exact = y0[i], magnitude = fabs(y0[i]);
+        double exact = y0[i], magnitude = fabs(y0[i]), quantized = 0;
         for (int k = 0; k < count; k++) {
             const double t = (double)coef[k] * m->dequant[(size_t)idx[k] * (size_t)n + (size_t)i];
             exact += t;
             magnitude += fabs(t);
         }
-        bad_scalar += !(fabs(ref[i] - exact) <= 2 * (count + 2) * UNIT_ROUNDOFF * magnitude + 1e-30);
+        if (m->type == GGML_TYPE_Q4_0)
+            for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
+                const int k1 = count - k0 < AXPY_Q4_GROUP ? count : k0 + AXPY_Q4_GROUP;
+                double largest = 0, units = 0;
+                for (int k = k0; k < k1; k++) {
+                    const double d = q4_block_scale(m, idx[k], i / QK4_0);
+                    largest = fmax(largest, fabs(coef[k] * d));
+                    if (d != 0) units += fabs(m->dequant[(size_t)idx[k] * (size_t)n + (size_t)i] / d);
+                }
+                quantized += largest / 254 * (1 + 0x1p-16) * units;
+            }
+        bad_scalar += !(fabs(ref[i] - exact) <= quantized + 4 * (count + 2) * UNIT_ROUNDOFF * (magnitude + quantized) + 1e-30);
     }
     CHECK(bad_scalar == 0, "%s: %d of %d scalar axpy outputs off the double reference", what, bad_scalar, n);
     if (count == 0) CHECK(memcmp(ref, y0, (size_t)n * sizeof *ref) == 0, "%s: empty axpy changed y", what);
