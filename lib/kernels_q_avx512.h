@@ -80,9 +80,10 @@ QROW_INLINE __m512 q8_pair_scale(const block_q8_0 *w, const block_q8_0 *x) {
     return _mm512_insertf32x8(lo, _mm256_set1_ps(load_f16(&w[1].d) * load_f16(&x[1].d)), 1);
 }
 
-/* ahead may be NULL: no prefetch (the dense dot, where every software
- * prefetch measured slower than the hardware prefetcher alone) */
-QROW_INLINE float q8_row(const block_q8_0 *w, const block_q8_0 *x, int nb, const char *ahead) {
+/* q8_row before its horizontal sum (pred_gemv_q8_0 sums 16 rows' at once,
+ * in the same order). ahead may be NULL: no prefetch (the dense dot, where
+ * every software prefetch measured slower than the hardware prefetcher alone) */
+QROW_INLINE __m512 q8_row_lanes(const block_q8_0 *w, const block_q8_0 *x, int nb, const char *ahead) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
@@ -103,7 +104,11 @@ QROW_INLINE float q8_row(const block_q8_0 *w, const block_q8_0 *x, int nb, const
         const __m256 s = _mm256_cvtepi32_ps(dot_q8_block(w + b, x + b));
         acc0 = _mm512_add_ps(acc0, _mm512_castps256_ps512(_mm256_mul_ps(d, s)));
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    return _mm512_add_ps(acc0, acc1);
+}
+
+QROW_INLINE float q8_row(const block_q8_0 *w, const block_q8_0 *x, int nb, const char *ahead) {
+    return _mm512_reduce_add_ps(q8_row_lanes(w, x, nb, ahead));
 }
 
 /* ---- Q4_0 x Q8_0: the activation is regrouped so that four weight blocks

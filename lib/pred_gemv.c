@@ -25,6 +25,7 @@ void pred_gemv_f16_scalar(const void *w, size_t row_stride, int rows, const floa
 
 extern void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 extern void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
+extern void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
 
 /* the same CPU checks as the dense kernel sets */
 pred_gemv_f16_fn pred_gemv_f16_avx2(void) { return kernels_avx2() ? pred_gemv_f16_avx2_impl : NULL; }
@@ -34,4 +35,8 @@ pred_gemv_f16_fn pred_gemv_f16_best(void) {
     pred_gemv_f16_fn f = pred_gemv_f16_avx512();
     if (!f) f = pred_gemv_f16_avx2();
     return f ? f : pred_gemv_f16_scalar;
+}
+
+pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
+    return k && k == kernels_avx512() ? pred_gemv_q8_0_avx512_impl : NULL; /* q8_row's bits: the default avx512 set */
 }

@@ -11,7 +11,7 @@
  * ways). Measured on Zen 4, side by side rows stream from memory about half
  * as fast as one after the other up to 2048 elements, and as fast at 4096,
  * where the single chain leaves the in-cache speed at ~60 %. */
-#include "kernels_avx512.h"
+#include "kernels_q_avx512.h"
 #include "pred_gemv.h"
 
 #define PASS_ROWS 16
@@ -104,4 +104,21 @@ void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const
         all_rows(w, row_stride, rows, LONG_GROUP, x, n, y);
     else
         all_rows(w, row_stride, rows, 1, x, n, y);
+}
+
+/* Q8_0 rows (pred_gemv.h): each row's lanes as the dense avx512 dot_q8_0
+ * (q8_row) leaves them, then 16 rows' horizontal sums in one tree, which adds
+ * the pairs _mm512_reduce_add_ps adds: the dense dot's bits. */
+void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
+void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y) {
+    const int nb = n / QK8_0;
+    for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
+        const int live = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
+        __m512 acc[PASS_ROWS];
+        for (int k = 0; k < PASS_ROWS; k++) { /* the slots past live repeat the last live row */
+            const char *row = (const char *)w + (size_t)(r0 + (k < live ? k : live - 1)) * row_stride;
+            acc[k] = q8_row_lanes((const block_q8_0 *)row, x, nb, NULL);
+        }
+        _mm512_mask_storeu_ps(y + r0, tail_mask16(live), reduce_16_rows(acc));
+    }
 }

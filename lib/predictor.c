@@ -17,6 +17,8 @@ struct predictor {
     predictor_kind kind;
     const kernels *k;
     pred_gemv_f16_fn gemv_f16;  /* both stages of F16 predictors */
+    pred_gemv_q8_0_fn gemv_q8_0; /* the second stage of Q8_0 ones, or NULL: a dense dot per row */
+    void *owned;            /* PowerInfer's fc1/fc2 as Q8_0 (to_q8_0), every layer's */
     weight *a, *b;          /* per layer: rows = rank x n_embd, n_ff x rank (fc1/fc2 or pred_a/pred_b) */
     float *threshold, *gate_cut;
     int max_rank;
@@ -30,6 +32,7 @@ struct predictor {
 void predictor_free(predictor *p) {
     if (!p) return;
     if (p->has_side) gguf_close(&p->side);
+    free(p->owned);
     free(p->a); free(p->b); free(p->threshold); free(p->gate_cut);
     free(p->hidden); free(p->logits); free(p->conv.f16); free(p->conv.q8);
     free(p);
@@ -42,6 +45,7 @@ static predictor *alloc_predictor(const model *m, predictor_kind kind) {
     p->kind = kind;
     p->k = kernels_best();
     p->gemv_f16 = pred_gemv_f16_best();
+    p->gemv_q8_0 = pred_gemv_q8_0_for(p->k);
     p->a = calloc((size_t)m->n_layer, sizeof *p->a);
     p->b = calloc((size_t)m->n_layer, sizeof *p->b);
     p->threshold = calloc((size_t)m->n_layer, sizeof(float));
@@ -63,6 +67,53 @@ static int alloc_scratch(predictor *p) {
     return p->hidden && p->logits && p->conv.f16 && p->conv.q8 ? 0 : -1;
 }
 
+/* Bytes of w as Q8_0 rows, its columns padded with zeros to whole blocks. */
+static size_t q8_0_row_bytes(const weight *w) { return (size_t)((w->cols + QK8_0 - 1) / QK8_0) * sizeof(block_q8_0); }
+
+/* w's rows requantized into Q8_0 rows at dst; w becomes that copy. */
+static void requantize_q8_0(const kernels *k, weight *w, char *dst, float *row) {
+    const size_t row_bytes = q8_0_row_bytes(w);
+    const int64_t cols = (int64_t)(row_bytes / sizeof(block_q8_0)) * QK8_0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, row, w->cols);
+        memset(row + w->cols, 0, sizeof(float) * (size_t)(cols - w->cols));
+        k->quantize_q8_0(row, (block_q8_0 *)(dst + (size_t)r * row_bytes), (int)cols);
+    }
+    *w = (weight){dst, GGML_TYPE_Q8_0, w->rows, cols, row_bytes};
+}
+
+/* PowerInfer's fc1/fc2 (F16 in its files) as Q8_0 copies: the dense Q8_0 dot
+ * and the Q8_0 pass kernel read 170 bytes for a rank-130 fc2 row against 260,
+ * and on the 7B bench model recall and precision moved by 1e-4 (BENCHMARKS.md).
+ * fc2's rows are padded to whole blocks with zero weights; the hidden vector
+ * is padded with zeros to match (quantize_hidden). */
+static int to_q8_0(predictor *p) {
+    const model *m = p->m;
+    size_t total = 0, widest = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const weight *ws[2] = {&p->a[l], &p->b[l]};
+        for (int t = 0; t < 2; t++) {
+            total += q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
+            size_t cols = q8_0_row_bytes(ws[t]) / sizeof(block_q8_0) * QK8_0;
+            if (cols > widest) widest = cols;
+        }
+    }
+    float *row = malloc(sizeof(float) * widest);
+    p->owned = malloc(total);
+    if (!row || !p->owned) { free(row); return -1; }
+    char *dst = p->owned;
+    for (int l = 0; l < m->n_layer; l++) {
+        weight *ws[2] = {&p->a[l], &p->b[l]};
+        for (int t = 0; t < 2; t++) {
+            const size_t bytes = q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
+            requantize_q8_0(p->k, ws[t], dst, row);
+            dst += bytes;
+        }
+    }
+    free(row);
+    return 0;
+}
+
 static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
     for (int l = 0; l < m->n_layer; l++)
         if (!m->layers[l].fc1.data || !m->layers[l].fc2.data) {
@@ -78,7 +129,7 @@ static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
         p->threshold[l] = m->sparse_threshold;
         if (p->a[l].rows > p->max_rank) p->max_rank = (int)p->a[l].rows;
     }
-    if (alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
+    if (to_q8_0(p) || alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
     return p;
 }
 
@@ -217,6 +268,15 @@ static void convert_for(const predictor *p, const weight *w, const float *x, act
     act_convert_for(p->k, conv, x, (int)w->cols, ws, 1);
 }
 
+/* out[r - r0] = row r of w . conv over rows [r0, r1) of a quantized or F32 w */
+static void predictor_gemv(const predictor *p, const weight *w, const act_vec *conv, long r0, long r1, float *out) {
+    if (w->type == GGML_TYPE_Q8_0 && p->gemv_q8_0)
+        p->gemv_q8_0((const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, (int)(r1 - r0), conv->q8,
+                     (int)w->cols, out);
+    else
+        matvec_rows_packed(p->k, w, conv, out, r0, r1);
+}
+
 long predictor_rank(const predictor *p, int layer) { return (long)p->a[layer].rows; }
 
 void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
@@ -228,10 +288,29 @@ void predictor_hidden_rows(const predictor *p, int layer, const float *residual,
                     (int)a->cols, hidden + r0);
     } else {
         convert_for(p, a, in, conv);
-        matvec_rows(p->k, a, conv, hidden, r0, r1);
+        predictor_gemv(p, a, conv, r0, r1, hidden + r0);
     }
     if (p->kind == PREDICTOR_POWERINFER)
         for (long r = r0; r < r1; r++) hidden[r] = hidden[r] > 0 ? hidden[r] : 0.0f;
+}
+
+/* conv = the rank entries of hidden converted for b, whose rows may be
+ * padded past the rank with zero weights (to_q8_0): the padding converts
+ * as zeros. */
+static void convert_hidden(const predictor *p, const weight *b, long rank, const float *hidden, act_vec *conv) {
+    if (b->cols == rank || b->type != GGML_TYPE_Q8_0) {
+        convert_for(p, b, hidden, conv);
+        return;
+    }
+    const long whole = rank / QK8_0 * QK8_0;
+    float tail[QK8_0] = {0};
+    memcpy(tail, hidden + whole, sizeof(float) * (size_t)(rank - whole));
+    if (whole) p->k->quantize_q8_0(hidden, conv->q8, (int)whole);
+    p->k->quantize_q8_0(tail, conv->q8 + whole / QK8_0, QK8_0);
+    for (long b0 = whole + QK8_0; b0 < b->cols; b0 += QK8_0) { /* padding past the partial block */
+        memset(tail, 0, sizeof tail);
+        p->k->quantize_q8_0(tail, conv->q8 + b0 / QK8_0, QK8_0);
+    }
 }
 
 void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv) {
@@ -239,7 +318,7 @@ void predictor_hidden_done(const predictor *p, int layer, const float *hidden, a
     if (b->type == GGML_TYPE_F16)
         conv->f32 = hidden; /* predictor_rows' F16 gemv reads the F32 vector: nothing to convert */
     else
-        convert_for(p, b, hidden, conv);
+        convert_hidden(p, b, predictor_rank(p, layer), hidden, conv);
 }
 
 void predictor_prepare(const predictor *p, int layer, const float *residual, const float *ffn_in, float *hidden,
@@ -255,7 +334,7 @@ void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0,
                     (int)b->cols, logits);
         return;
     }
-    matvec_rows_packed(p->k, b, conv, logits, i0, i1);
+    predictor_gemv(p, b, conv, i0, i1, logits);
 }
 
 void predictor_logits(predictor *p, int layer, const float *residual, const float *ffn_in, float *logits) {

@@ -4,13 +4,15 @@
  * steps up to and past the first stage's 4096 (where AVX-512 changes its
  * row grouping), and contiguous, padded and odd row strides; they write no
  * result past the last row; and the scalar reference is a dot product
- * (checked against a double-precision sum). */
+ * (checked against a double-precision sum). The Q8_0 version gives the dense
+ * dot_q8_0's bits of the kernel set it is offered for, row by row. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "f16.h"
+#include "kernels.h"
 #include "pred_gemv.h"
 #include "synth_rng.h"
 #include "test.h"
@@ -25,7 +27,47 @@ static void fill(uint16_t *w, size_t count, float *x, int n, uint64_t seed) {
     for (int i = 0; i < n; i++) x[i] = (float)synth_normal(&rng);
 }
 
+/* Q8_0 rows of 32 to 4096 values (a predictor's padded rank up to a first
+ * stage's width), 1 to MAX_ROWS rows, contiguous and padded strides. */
+static void test_q8_0(void) {
+    static const int lengths[] = {32, 64, 96, 128, 160, 192, 256, 4096};
+    const kernels *k = kernels_avx512();
+    pred_gemv_q8_0_fn fn = pred_gemv_q8_0_for(k);
+    CHECK((fn != NULL) == (k != NULL), "a Q8_0 pass kernel iff the avx512 set runs here");
+    CHECK(pred_gemv_q8_0_for(kernels_scalar()) == NULL, "no Q8_0 pass kernel for the scalar set");
+    if (!fn) return;
+    const int max_blocks = 4096 / QK8_0 + 1; /* + a padding block between rows */
+    block_q8_0 *w = malloc(sizeof *w * (size_t)max_blocks * MAX_ROWS), *xq = malloc(sizeof *xq * (size_t)max_blocks);
+    float *v = malloc(sizeof(float) * (size_t)max_blocks * QK8_0), ref[MAX_ROWS], got[MAX_ROWS + 1];
+    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++)
+        for (int pad = 0; pad < 2; pad++) {
+            const int n = lengths[l], nb = n / QK8_0;
+            const size_t stride = sizeof(block_q8_0) * (size_t)(nb + pad);
+            synth_rng rng = synth_stream(0x9b + (uint64_t)l, (uint64_t)pad);
+            for (int r = 0; r < MAX_ROWS; r++) {
+                for (int i = 0; i < n; i++) v[i] = (float)synth_normal(&rng);
+                k->quantize_q8_0(v, (block_q8_0 *)((char *)w + (size_t)r * stride), n);
+            }
+            for (int i = 0; i < n; i++) v[i] = (float)synth_normal(&rng);
+            k->quantize_q8_0(v, xq, n);
+            for (int r = 0; r < MAX_ROWS; r++) ref[r] = k->dot_q8_0((const block_q8_0 *)((char *)w + (size_t)r * stride), xq, n);
+            for (int rows = 1; rows <= MAX_ROWS; rows++) {
+                memset(got, 0xff, sizeof got);
+                fn(w, stride, rows, xq, n, got);
+                CHECK(!memcmp(got, ref, sizeof(float) * (size_t)rows), "q8_0 n=%d stride=%zu rows=%d: not dot_q8_0's bits",
+                      n, stride, rows);
+                uint32_t past;
+                memcpy(&past, &got[rows], sizeof past);
+                CHECK(past == 0xffffffffu, "q8_0 n=%d rows=%d: wrote past the last row", n, rows);
+            }
+        }
+    free(w);
+    free(xq);
+    free(v);
+}
+
 int main(void) {
+    test_q8_0();
     static const int lengths[] = {1, 7, 15, 16, 17, 31, 32, 33, 47, 48, 128, 130, 1024, 1031, 4096, 4113};
     static const int pads[] = {0, 1, MAX_PAD}; /* contiguous, odd and padded strides */
     const struct {
