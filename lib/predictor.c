@@ -82,22 +82,27 @@ static void requantize_q8_0(const kernels *k, weight *w, char *dst, float *row) 
     *w = (weight){dst, GGML_TYPE_Q8_0, w->rows, cols, row_bytes};
 }
 
-/* PowerInfer's fc1/fc2 (F16 in its files) as Q8_0 copies: the dense Q8_0 dot
- * and the Q8_0 pass kernel read 170 bytes for a rank-130 fc2 row against 260,
- * and on the 7B bench model recall and precision moved by 1e-4 (BENCHMARKS.md).
- * fc2's rows are padded to whole blocks with zero weights; the hidden vector
- * is padded with zeros to match (quantize_hidden). */
+static bool is_float(const weight *w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; }
+
+/* PowerInfer's fc1/fc2 (F16 in its files; quantized ones stay as they are)
+ * as Q8_0 copies: the dense Q8_0 dot and the Q8_0 pass kernel read 170 bytes
+ * for a rank-130 fc2 row against 260, and on the 7B bench model recall and
+ * precision moved by 1e-4 (BENCHMARKS.md). fc2's rows are padded to whole
+ * blocks with zero weights; the hidden vector is padded with zeros to match
+ * (convert_hidden). */
 static int to_q8_0(predictor *p) {
     const model *m = p->m;
     size_t total = 0, widest = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const weight *ws[2] = {&p->a[l], &p->b[l]};
         for (int t = 0; t < 2; t++) {
+            if (!is_float(ws[t])) continue;
             total += q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
             size_t cols = q8_0_row_bytes(ws[t]) / sizeof(block_q8_0) * QK8_0;
             if (cols > widest) widest = cols;
         }
     }
+    if (!total) return 0;
     float *row = malloc(sizeof(float) * widest);
     p->owned = malloc(total);
     if (!row || !p->owned) { free(row); return -1; }
@@ -105,6 +110,7 @@ static int to_q8_0(predictor *p) {
     for (int l = 0; l < m->n_layer; l++) {
         weight *ws[2] = {&p->a[l], &p->b[l]};
         for (int t = 0; t < 2; t++) {
+            if (!is_float(ws[t])) continue;
             const size_t bytes = q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
             requantize_q8_0(p->k, ws[t], dst, row);
             dst += bytes;
@@ -129,7 +135,8 @@ static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
         p->threshold[l] = m->sparse_threshold;
         if (p->a[l].rows > p->max_rank) p->max_rank = (int)p->a[l].rows;
     }
-    if (to_q8_0(p) || alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
+    /* only where the pass kernel runs: row by row, Q8_0 rows of the rank are slower than F16 passes */
+    if ((p->gemv_q8_0 && to_q8_0(p)) || alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
     return p;
 }
 
@@ -295,10 +302,10 @@ void predictor_hidden_rows(const predictor *p, int layer, const float *residual,
 }
 
 /* conv = the rank entries of hidden converted for b, whose rows may be
- * padded past the rank with zero weights (to_q8_0): the padding converts
- * as zeros. */
+ * padded past the rank to a whole Q8_0 block with zero weights (to_q8_0):
+ * the padding converts as zeros. */
 static void convert_hidden(const predictor *p, const weight *b, long rank, const float *hidden, act_vec *conv) {
-    if (b->cols == rank || b->type != GGML_TYPE_Q8_0) {
+    if (b->cols == rank) {
         convert_for(p, b, hidden, conv);
         return;
     }
@@ -307,10 +314,6 @@ static void convert_hidden(const predictor *p, const weight *b, long rank, const
     memcpy(tail, hidden + whole, sizeof(float) * (size_t)(rank - whole));
     if (whole) p->k->quantize_q8_0(hidden, conv->q8, (int)whole);
     p->k->quantize_q8_0(tail, conv->q8 + whole / QK8_0, QK8_0);
-    for (long b0 = whole + QK8_0; b0 < b->cols; b0 += QK8_0) { /* padding past the partial block */
-        memset(tail, 0, sizeof tail);
-        p->k->quantize_q8_0(tail, conv->q8 + b0 / QK8_0, QK8_0);
-    }
 }
 
 void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv) {
