@@ -3,7 +3,7 @@
  * activation vector and reports GB/s of weight bytes streamed, once for a
  * matrix that fits in L2 (compute bound) and once for one far larger than
  * the caches (memory bound). Then the same for the predictor gemv
- * (pred_gemv.h) on the predictors' two shapes, and decode attention's K . q
+ * (pred_gemv.h, F16 and Q8_0 rows) on the predictors' two shapes, and decode attention's K . q
  * scores read head by head against position by position. */
 #include <getopt.h>
 #include <stdint.h>
@@ -100,17 +100,30 @@ static double measure(const kernels *k, int kind, const uint8_t *w, size_t rows,
     return (double)rows * (double)row_bytes / best / 1e9;
 }
 
-/* the predictor gemv on one shape: GB/s of F16 weights in the fastest pass
- * over `bytes` of w, one call per rows * row_stride bytes */
-static double measure_pred_gemv(pred_gemv_f16_fn fn, const uint8_t *w, size_t bytes, int rows, size_t row_stride,
-                                const float *x, int n, float *y, double min_seconds) {
+/* A predictor gemv and its input: F16 rows against F32 x, or Q8_0 rows against Q8_0 x. */
+typedef struct {
+    const char *isa;
+    pred_gemv_f16_fn f16;
+    pred_gemv_q8_0_fn q8_0;
+} pred_kernel;
+
+static void pred_call(const pred_kernel *pk, const uint8_t *w, size_t row_stride, int rows, const void *x, int n,
+                      float *y) {
+    if (pk->f16) pk->f16(w, row_stride, rows, x, n, y);
+    else pk->q8_0(w, row_stride, rows, x, n, y);
+}
+
+/* the predictor gemv on one shape: GB/s of weights in the fastest pass over
+ * `bytes` of w, one call per rows * row_stride bytes */
+static double measure_pred_gemv(const pred_kernel *pk, const uint8_t *w, size_t bytes, int rows, size_t row_stride,
+                                const void *x, int n, float *y, double min_seconds) {
     const size_t call_bytes = (size_t)rows * row_stride, calls = bytes / call_bytes ? bytes / call_bytes : 1;
-    fn(w, row_stride, rows, x, n, y); /* warm-up */
+    pred_call(pk, w, row_stride, rows, x, n, y); /* warm-up */
     double best = 1e30;
     const double start = clock_seconds();
     for (int pass = 0; pass < 3 || clock_seconds() - start < min_seconds; pass++) {
         const double t0 = clock_seconds();
-        for (size_t c = 0; c < calls; c++) fn(w + c * call_bytes, row_stride, rows, x, n, y);
+        for (size_t c = 0; c < calls; c++) pred_call(pk, w + c * call_bytes, row_stride, rows, x, n, y);
         const double t = clock_seconds() - t0;
         if (t < best) best = t;
     }
@@ -118,34 +131,50 @@ static double measure_pred_gemv(pred_gemv_f16_fn fn, const uint8_t *w, size_t by
     return (double)(calls * call_bytes) / best / 1e9;
 }
 
+static size_t pred_row_bytes(int kind, int n) {
+    return kind == KIND_F16 ? (size_t)n * sizeof(uint16_t) : (size_t)n / QK8_0 * sizeof(block_q8_0);
+}
+
 /* the predictors' first stage (rank rows of the hidden size) and second
- * stage (many rows of the rank) on the F16 weights at w */
+ * stage (many rows of the rank): F16 rows, and Q8_0 rows where their pass
+ * kernel runs (PWRI predictors run in Q8_0 there) */
 static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, double min_seconds) {
     enum { HIDDEN = 4096, RANK = 128 };
     const struct {
         const char *name;
         int rows, n;
     } shapes[] = {{"stage 1", RANK, HIDDEN}, {"stage 2", 512, RANK}};
-    const struct {
-        const char *name;
-        pred_gemv_f16_fn fn;
-    } isas[] = {{"avx2", pred_gemv_f16_avx2()}, {"avx512", pred_gemv_f16_avx512()}}; /* scalar: too slow to stream */
     static float x[HIDDEN], y[512];
+    static block_q8_0 x8[HIDDEN / QK8_0];
     for (int i = 0; i < HIDDEN; i++) x[i] = rng_float();
-    fill_weights(KIND_F16, w, big_bytes / (HIDDEN * 2) * (HIDDEN * 2), HIDDEN * 2, HIDDEN);
-    printf("\npredictor gemv (F16 rows, contiguous)\n%-22s %-12s %12s %14s\n", "shape", "isa", "cache GB/s",
-           "memory GB/s");
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        char name[32];
-        snprintf(name, sizeof name, "%s %dx%d", shapes[s].name, shapes[s].rows, shapes[s].n);
-        const size_t stride = (size_t)shapes[s].n * 2;
-        for (size_t i = 0; i < sizeof isas / sizeof *isas; i++) {
-            if (!isas[i].fn) continue;
-            const double in_cache =
-                measure_pred_gemv(isas[i].fn, w, cache_bytes, shapes[s].rows, stride, x, shapes[s].n, y, min_seconds);
-            const double in_memory =
-                measure_pred_gemv(isas[i].fn, w, big_bytes, shapes[s].rows, stride, x, shapes[s].n, y, min_seconds);
-            printf("%-22s %-12s %12.2f %14.2f\n", name, isas[i].name, in_cache, in_memory);
+    kernels_scalar()->quantize_q8_0(x, x8, HIDDEN);
+    const struct {
+        const char *type;
+        int kind;
+        pred_kernel kernel;
+        const void *x;
+    } sets[] = {{"f16", KIND_F16, {"avx2", pred_gemv_f16_avx2(), NULL}, x},
+                {"f16", KIND_F16, {"avx512", pred_gemv_f16_avx512(), NULL}, x},
+                {"q8_0", KIND_Q8_0, {"avx512", NULL, pred_gemv_q8_0_for(kernels_avx512())}, x8}};
+    printf("\npredictor gemv (rows contiguous; scalar: too slow to stream)\n%-22s %-7s %-12s %12s %14s\n", "shape",
+           "type", "isa", "cache GB/s", "memory GB/s");
+    int filled = -1;
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        if (!sets[i].kernel.f16 && !sets[i].kernel.q8_0) continue;
+        if (sets[i].kind != filled) {
+            const size_t big_row = pred_row_bytes(sets[i].kind, HIDDEN);
+            fill_weights(sets[i].kind, w, big_bytes / big_row * big_row, big_row, HIDDEN);
+            filled = sets[i].kind;
+        }
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s %dx%d", shapes[s].name, shapes[s].rows, shapes[s].n);
+            const size_t stride = pred_row_bytes(sets[i].kind, shapes[s].n);
+            const double in_cache = measure_pred_gemv(&sets[i].kernel, w, cache_bytes, shapes[s].rows, stride,
+                                                      sets[i].x, shapes[s].n, y, min_seconds);
+            const double in_memory = measure_pred_gemv(&sets[i].kernel, w, big_bytes, shapes[s].rows, stride,
+                                                       sets[i].x, shapes[s].n, y, min_seconds);
+            printf("%-22s %-7s %-12s %12.2f %14.2f\n", name, sets[i].type, sets[i].kernel.isa, in_cache, in_memory);
             fflush(stdout);
         }
     }
