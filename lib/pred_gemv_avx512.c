@@ -115,10 +115,10 @@ void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, cons
     for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
         const int live = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
         __m512 acc[PASS_ROWS];
-        for (int k = 0; k < PASS_ROWS; k++) { /* the slots past live repeat the last live row */
-            const char *row = (const char *)w + (size_t)(r0 + (k < live ? k : live - 1)) * row_stride;
-            acc[k] = q8_row_lanes((const block_q8_0 *)row, x, nb, NULL);
-        }
+        for (int k = 0; k < PASS_ROWS; k++) /* slots past live: zeros (a row's sum adds its own lanes only) */
+            acc[k] = k < live ? q8_row_lanes((const block_q8_0 *)((const char *)w + (size_t)(r0 + k) * row_stride), x,
+                                             nb, NULL)
+                              : _mm512_setzero_ps();
         _mm512_mask_storeu_ps(y + r0, tail_mask16(live), reduce_16_rows(acc));
     }
 }

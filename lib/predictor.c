@@ -67,19 +67,20 @@ static int alloc_scratch(predictor *p) {
     return p->hidden && p->logits && p->conv.f16 && p->conv.q8 ? 0 : -1;
 }
 
-/* Bytes of w as Q8_0 rows, its columns padded with zeros to whole blocks. */
-static size_t q8_0_row_bytes(const weight *w) { return (size_t)((w->cols + QK8_0 - 1) / QK8_0) * sizeof(block_q8_0); }
+/* w's columns padded with zeros to whole Q8_0 blocks */
+static int64_t q8_0_cols(const weight *w) { return (w->cols + QK8_0 - 1) / QK8_0 * QK8_0; }
 
-/* w's rows requantized into Q8_0 rows at dst; w becomes that copy. */
-static void requantize_q8_0(const kernels *k, weight *w, char *dst, float *row) {
-    const size_t row_bytes = q8_0_row_bytes(w);
-    const int64_t cols = (int64_t)(row_bytes / sizeof(block_q8_0)) * QK8_0;
+/* w's rows requantized into Q8_0 rows at dst; w becomes that copy. Returns its bytes. */
+static size_t requantize_q8_0(const kernels *k, weight *w, char *dst, float *row) {
+    const int64_t cols = q8_0_cols(w);
+    const size_t row_bytes = ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)cols);
     for (int64_t r = 0; r < w->rows; r++) {
         dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, row, w->cols);
         memset(row + w->cols, 0, sizeof(float) * (size_t)(cols - w->cols));
         k->quantize_q8_0(row, (block_q8_0 *)(dst + (size_t)r * row_bytes), (int)cols);
     }
     *w = (weight){dst, GGML_TYPE_Q8_0, w->rows, cols, row_bytes};
+    return row_bytes * (size_t)w->rows;
 }
 
 static bool is_float(const weight *w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; }
@@ -97,9 +98,9 @@ static int to_q8_0(predictor *p) {
         const weight *ws[2] = {&p->a[l], &p->b[l]};
         for (int t = 0; t < 2; t++) {
             if (!is_float(ws[t])) continue;
-            total += q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
-            size_t cols = q8_0_row_bytes(ws[t]) / sizeof(block_q8_0) * QK8_0;
-            if (cols > widest) widest = cols;
+            const int64_t cols = q8_0_cols(ws[t]);
+            total += ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)cols) * (size_t)ws[t]->rows;
+            if ((size_t)cols > widest) widest = (size_t)cols;
         }
     }
     if (!total) return 0;
@@ -110,10 +111,7 @@ static int to_q8_0(predictor *p) {
     for (int l = 0; l < m->n_layer; l++) {
         weight *ws[2] = {&p->a[l], &p->b[l]};
         for (int t = 0; t < 2; t++) {
-            if (!is_float(ws[t])) continue;
-            const size_t bytes = q8_0_row_bytes(ws[t]) * (size_t)ws[t]->rows;
-            requantize_q8_0(p->k, ws[t], dst, row);
-            dst += bytes;
+            if (is_float(ws[t])) dst += requantize_q8_0(p->k, ws[t], dst, row);
         }
     }
     free(row);

@@ -47,10 +47,10 @@ GATHER_DOTS(q4_0, block_q4_0, block_q8_0)
                          float *y, int n) {                                                                      \
         for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                          \
             axpy_group g;                                                                                        \
-            axpy_group_at(&g, w, stride, idx, coef, count, k0);                                                  \
+            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);                                       \
             int i = 0;                                                                                           \
             for (; i + 32 <= n; i += 32) {                                                                       \
-                axpy_prefetch_next(g.next, g.m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM));                    \
+                axpy_prefetch_next(g.next, g.next_m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM));                    \
                 __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);                             \
                 __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);                       \
                 for (int r = 0; r < g.m; r++) {                                                                  \
@@ -86,10 +86,10 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     const int nb = n / QK8_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
-            axpy_prefetch_next(g.next, g.m, off, sizeof(block_q8_0));
+            axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q8_0));
             float *yb = y + b * QK8_0;
             __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8);
             __m256 y2 = _mm256_loadu_ps(yb + 16), y3 = _mm256_loadu_ps(yb + 24);
@@ -132,7 +132,7 @@ static __m256 q4_scales(const char *p, int run) {
     return _mm256_loadu_ps(d);
 }
 
-static void q4_quantize_run(const q4_axpy_group *g, size_t off, int run, q4_run_coefs *q) {
+static void q4_quantize_run(const axpy_group *g, size_t off, int run, q4_run_coefs *q) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const int pairs = (g->m + 1) / 2; /* the last one padded */
     __m256 cd[AXPY_Q4_GROUP], m = _mm256_setzero_ps();
@@ -178,8 +178,8 @@ static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const fl
                       int n) {
     const int nb = n / QK4_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
-        q4_axpy_group g;
-        q4_axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        axpy_group g;
+        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0);
         const int pairs = (g.m + 1) / 2;
         for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
             const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;

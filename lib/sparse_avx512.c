@@ -79,10 +79,10 @@ static inline __m512 load16m_f16(const void *row, int i, __mmask16 m) {
                          int n) {                                                                                 \
         for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                           \
             axpy_group g;                                                                                         \
-            axpy_group_at(&g, w, stride, idx, coef, count, k0);                                                   \
+            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);                                        \
             int i = 0;                                                                                            \
             for (; i + 64 <= n; i += 64) {                                                                        \
-                axpy_prefetch_next(g.next, g.m, (size_t)i * (ESIZE), 64 * (ESIZE));                              \
+                axpy_prefetch_next(g.next, g.next_m, (size_t)i * (ESIZE), 64 * (ESIZE));                              \
                 __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);                            \
                 __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);                        \
                 for (int r = 0; r < g.m; r++) {                                                                   \
@@ -118,10 +118,10 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     const int nb = n / QK8_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
-        axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
-            axpy_prefetch_next(g.next, g.m, off, sizeof(block_q8_0));
+            axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q8_0));
             __m512 y0 = _mm512_loadu_ps(y + b * QK8_0), y1 = _mm512_loadu_ps(y + b * QK8_0 + 16);
             for (int r = 0; r < g.m; r++) {
                 const block_q8_0 *blk = (const block_q8_0 *)(g.rows[r] + off);
@@ -196,7 +196,7 @@ typedef struct {
     float scale[Q4_AXPY_RUN] __attribute__((aligned(64)));
 } q4_run_coefs;
 
-static inline __attribute__((always_inline)) void q4_quantize_run(const q4_axpy_group *g, size_t off, int run,
+static inline __attribute__((always_inline)) void q4_quantize_run(const axpy_group *g, size_t off, int run,
                                                                   q4_run_coefs *q) {
     const int sets = (g->m + 3) / 4; /* of 4 rows, the last one padded */
     __m512 cd[AXPY_Q4_GROUP], m = _mm512_setzero_ps();
@@ -224,8 +224,8 @@ static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const fl
     const int nb = n / QK4_0;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
-        q4_axpy_group g;
-        q4_axpy_group_at(&g, w, stride, idx, coef, count, k0);
+        axpy_group g;
+        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0);
         const int sets = (g.m + 3) / 4;
         for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
             const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;

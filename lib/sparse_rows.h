@@ -45,26 +45,33 @@ static inline const char *row_seq_row(const row_seq *s, int i) {
 
 static inline float *row_seq_out(const row_seq *s, int i) { return &s->out[i % s->nmat][i / s->nmat]; }
 
-/* ---- axpy: AXPY_ROWS rows per pass over y, y held in registers across
- * them; each group prefetches the next group's rows into L2 (T1) as it goes
- * (the gather is scattered, which the hardware prefetcher cannot guess) ---- */
+/* ---- axpy: a group of rows per pass over y, y held in registers across
+ * them (AXPY_ROWS for the float and Q8_0 axpys; AXPY_Q4_GROUP, whose rows
+ * share their int8 coefficients' scale per block, for Q4_0); each group
+ * prefetches the next group's rows into L2 (T1) as it goes (the gather is
+ * scattered, which the hardware prefetcher cannot guess) ---- */
 
 #define AXPY_ROWS 8 /* 4 and 16 measured slower (AVX-512) */
+#define AXPY_GROUP_MAX AXPY_Q4_GROUP
 
 typedef struct {
-    const char *rows[AXPY_ROWS], *next[AXPY_ROWS]; /* next: the next group's rows (NULL: none) */
-    float coef[AXPY_ROWS];
-    int m; /* rows in this group */
+    const char *rows[AXPY_GROUP_MAX], *next[AXPY_GROUP_MAX]; /* next: the next group's rows (NULL: none) */
+    float coef[AXPY_GROUP_MAX];
+    int m, next_m; /* rows in this group, in the next */
 } axpy_group;
 
-/* the group of rows k0.. of idx (at most AXPY_ROWS) */
-static inline void axpy_group_at(axpy_group *g, const char *w, size_t stride, const int32_t *idx, const float *coef,
-                                 int count, int k0) {
-    g->m = count - k0 < AXPY_ROWS ? count - k0 : AXPY_ROWS;
-    for (int r = 0; r < AXPY_ROWS; r++) {
-        g->rows[r] = r < g->m ? w + (size_t)idx[k0 + r] * stride : NULL;
+/* the group of rows k0.. of idx, groups of `size` rows (at most
+ * AXPY_GROUP_MAX); slots past m repeat row idx[k0] with coefficient 0, so
+ * that a SIMD pass may run them as padding */
+static inline void axpy_group_at(axpy_group *g, int size, const char *w, size_t stride, const int32_t *idx,
+                                 const float *coef, int count, int k0) {
+    const int k1 = k0 + size;
+    g->m = count - k0 < size ? count - k0 : size;
+    g->next_m = count <= k1 ? 0 : count - k1 < size ? count - k1 : size;
+    for (int r = 0; r < size; r++) {
+        g->rows[r] = w + (size_t)idx[k0 + (r < g->m ? r : 0)] * stride;
         g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
-        g->next[r] = k0 + AXPY_ROWS + r < count ? w + (size_t)idx[k0 + AXPY_ROWS + r] * stride : NULL;
+        g->next[r] = r < g->next_m ? w + (size_t)idx[k1 + r] * stride : NULL;
     }
 }
 
@@ -78,29 +85,6 @@ static inline __attribute__((always_inline)) void axpy_prefetch_next(const char 
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
         if (next[r]) _mm_prefetch(next[r] + last, _MM_HINT_T1);
-}
-
-/* ---- the Q4_0 axpy's groups (sparse_kernels.h: AXPY_Q4_GROUP rows share
- * their int8 coefficients' scale per block) ---- */
-
-typedef struct {
-    const char *rows[AXPY_Q4_GROUP], *next[AXPY_Q4_GROUP]; /* next: the next group's rows */
-    float coef[AXPY_Q4_GROUP];
-    int m, next_m; /* rows in this group, in the next */
-} q4_axpy_group;
-
-/* the group of rows k0.. of idx; slots past m repeat row idx[k0] with
- * coefficient 0 (int8 coefficient 0: a SIMD pass may run them as padding) */
-static inline void q4_axpy_group_at(q4_axpy_group *g, const char *w, size_t stride, const int32_t *idx,
-                                    const float *coef, int count, int k0) {
-    const int k1 = k0 + AXPY_Q4_GROUP;
-    g->m = count - k0 < AXPY_Q4_GROUP ? count - k0 : AXPY_Q4_GROUP;
-    g->next_m = count <= k1 ? 0 : count - k1 < AXPY_Q4_GROUP ? count - k1 : AXPY_Q4_GROUP;
-    for (int r = 0; r < AXPY_Q4_GROUP; r++) {
-        g->rows[r] = w + (size_t)idx[k0 + (r < g->m ? r : 0)] * stride;
-        g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
-        g->next[r] = r < g->next_m ? w + (size_t)idx[k1 + r] * stride : NULL;
-    }
 }
 
 #endif
