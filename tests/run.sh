@@ -19,7 +19,8 @@ run_one() {
     local p f
     p=${line%% passed*}; f=${line#*, }; f=${f%% failed*}
     if [ "$f" -gt 0 ] || [ $rc -ne 0 ]; then
-        printf '%s\n' "$out" | grep -E 'FAIL|ERROR|error|Sanitizer' | head -n 30
+        # each failure with the diagnostics a test prints after it
+        printf '%s\n' "$out" | grep -E -A 15 'FAIL|ERROR|Sanitizer|runtime error' | head -n 120
         [ "$f" -eq 0 ] && f=1
     fi
     printf '%-28s %s\n' "$name" "$line"

@@ -217,13 +217,20 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -s "$TMP/gen.err" ]
 check "coordinator killed: the client exits non-zero with an error (rc $rc)" $?
 sed 's/^/client: /' "$TMP/gen.err" | tail -n 2
-ok=1
-for _ in $(seq 100); do
+# The supervisor gives each process 5 s between SIGTERM and SIGKILL; an
+# ASan build on a loaded machine needs margin beyond that (CI once missed 10 s).
+ok=1 t0=$SECONDS
+while ((SECONDS - t0 < 20)); do
     if [ -z "$(run_procs "$R")" ] && ! compgen -G "/dev/shm/pi2-$R-*" >/dev/null; then ok=0; break; fi
     sleep 0.1
 done
-check "coordinator killed: within 10 s no process and no segment of the run remain" $ok
-[ $ok -eq 0 ] || { run_procs "$R"; echo /dev/shm/pi2-"$R"-*; dump_logs "$R"; }
+check "coordinator killed: within 20 s no process and no segment of the run remain" $ok
+if [ $ok -ne 0 ]; then
+    echo "still there after $((SECONDS - t0)) s:"
+    for p in $(run_procs "$R"); do ps -o pid=,stat=,etime=,args= -p "$p"; done
+    echo /dev/shm/pi2-"$R"-*
+    dump_logs "$R"
+fi
 "$PI2" status -r "$R" 2>&1 | grep -q "coordinator"
 check "coordinator killed: pi2 status tells why the stack stopped" $?
 "$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
