@@ -71,13 +71,14 @@ int ffn_scratch_init(ffn_scratch *s, const model *m) {
     s->b = malloc(n * sizeof(float));
     s->tmp = malloc((size_t)ffn_chunk_neurons(m) * sizeof(float));
     s->start = malloc(c * sizeof(int));
-    if (s->idx && s->a && s->b && s->tmp && s->start) return 0;
+    s->fired = malloc(c * sizeof(int));
+    if (s->idx && s->a && s->b && s->tmp && s->start && s->fired) return 0;
     ffn_scratch_free(s);
     return -1;
 }
 
 void ffn_scratch_free(ffn_scratch *s) {
-    free(s->idx); free(s->a); free(s->b); free(s->tmp); free(s->start);
+    free(s->idx); free(s->a); free(s->b); free(s->tmp); free(s->start); free(s->fired);
     *s = (ffn_scratch){0};
 }
 
@@ -93,26 +94,53 @@ static const void *act_for_type(const act_vec *a, uint32_t type) {
     return type == GGML_TYPE_F16 ? (const void *)a->f16 : (const void *)a->q8;
 }
 
-/* out[k] = w row idx[k] . in, the dense dot's bits. */
-static void gather_dot(const ffn_layer *f, const weight *w, const int32_t *idx, int n, float *out) {
+/* Chunk `chunk`'s down_t rows, and the neuron of its row 0. */
+static const weight *chunk_down_t(const ffn_layer *f, int chunk, long *first) {
+    long n0, n1;
+    ffn_chunk_range(f->m, chunk, &n0, &n1);
+    *first = f->down_t_chunks ? n0 : f->down_t_first;
+    return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
+}
+
+/* The first rows chunk_down will read for a chunk's firing neurons idx[0..fired). */
+static void chunk_then(const ffn_layer *f, int chunk, const int32_t *idx, int fired, sparse_then *then) {
+    long first;
+    const weight *dt = chunk_down_t(f, chunk, &first);
+    then->count = fired < AXPY_Q4_GROUP ? fired : AXPY_Q4_GROUP;
+    for (int k = 0; k < then->count; k++)
+        then->rows[k] = (const char *)dt->data + (size_t)(idx[k] - first) * dt->row_bytes;
+}
+
+/* The first rows of w a gather over idx[0..n) reads. */
+static void rows_then(const weight *w, const int32_t *idx, int n, sparse_then *then) {
+    then->count = n < AXPY_Q4_GROUP ? n : AXPY_Q4_GROUP;
+    for (int k = 0; k < then->count; k++) then->rows[k] = (const char *)w->data + (size_t)idx[k] * w->row_bytes;
+}
+
+/* out[k] = w row idx[k] . in, the dense dot's bits; `then` as sparse_then. */
+static void gather_dot(const ffn_layer *f, const weight *w, const int32_t *idx, int n, float *out,
+                       const sparse_then *then) {
     if (f->gather) {
         sparse_kernels_for_type(f->gather, w->type)
-            ->dot(w->data, w->row_bytes, idx, n, act_for_type(f->in, w->type), (int)w->cols, out);
+            ->dot(w->data, w->row_bytes, idx, n, act_for_type(f->in, w->type), (int)w->cols, out, then);
         return;
     }
     for (int k = 0; k < n; k++) out[k] = row_dot(f->k, w, idx[k], f->in);
 }
 
 /* The same for gate and up together (one pass over both rows of each neuron). */
-static void gather_dot2(const ffn_layer *f, const layer_weights *w, const int32_t *idx, int n, float *g, float *u) {
+static void gather_dot2(const ffn_layer *f, const layer_weights *w, const int32_t *idx, int n, float *g, float *u,
+                        const sparse_then *then) {
     if (f->gather && w->gate.type == w->up.type && w->gate.row_bytes == w->up.row_bytes) {
         sparse_kernels_for_type(f->gather, w->gate.type)
             ->dot2(w->gate.data, w->up.data, w->gate.row_bytes, idx, n,
-                   act_for_type(f->in, w->gate.type), (int)w->gate.cols, g, u);
+                   act_for_type(f->in, w->gate.type), (int)w->gate.cols, g, u, then);
         return;
     }
-    gather_dot(f, &w->gate, idx, n, g);
-    gather_dot(f, &w->up, idx, n, u);
+    sparse_then up_rows;
+    rows_then(&w->up, idx, n, &up_rows);
+    gather_dot(f, &w->gate, idx, n, g, &up_rows);
+    gather_dot(f, &w->up, idx, n, u, then);
 }
 
 /* h[k] = act(g[k], u[k]) with ffn_act_rows' formulas, then keeps (in place, in
@@ -183,37 +211,41 @@ static int keep_positive_gates(ffn_scratch *s, int n_chunks) {
  * gate-first does for every neuron: ~15 % of the predictor's picks do not
  * fire on the 7B bench model, and their up rows are not read. SiLU models and
  * the dense mode read both rows in one pass. */
-static void gather_gate_up(const ffn_layer *f, ffn_scratch *s, int n_chunks, ffn_chunk_stats *st) {
+static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratch *s, int n_chunks,
+                           ffn_chunk_stats *st) {
     const layer_weights *w = &f->m->layers[f->layer];
     int n = s->start[n_chunks];
     st->computed += (uint64_t)n;
     const bool relu = f->m->act != FFN_SILU;
+    sparse_then then = {0}; /* each pass prefetches the next one's first rows (ahead of which neurons prove zero) */
     if (f->mode == FFN_PREDICTOR && relu) {
-        gather_dot(f, &w->gate, s->idx, n, s->a);
+        rows_then(&w->up, s->idx, n, &then);
+        gather_dot(f, &w->gate, s->idx, n, s->a, &then);
         st->bytes += (uint64_t)n * w->gate.row_bytes;
         n = keep_positive_gates(s, n_chunks);
-    } else if (f->mode != FFN_GATE_FIRST) {
-        gather_dot2(f, w, s->idx, n, s->a, s->b);
+    }
+    if (n_chunks > 0) chunk_then(f, chunks[0], s->idx, s->start[1], &then);
+    if (f->mode != FFN_GATE_FIRST && !(f->mode == FFN_PREDICTOR && relu)) {
+        gather_dot2(f, w, s->idx, n, s->a, s->b, &then);
         st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
         return;
     }
-    gather_dot(f, &w->up, s->idx, n, s->b);
+    gather_dot(f, &w->up, s->idx, n, s->b, &then);
     st->bytes += (uint64_t)n * w->up.row_bytes;
 }
 
 /* The chunk's firing neurons idx[0..fired) (layer indices; made dt's row
  * numbers here), activations h, summed into partial from zero along their
- * down_t rows. */
+ * down_t rows; `then` names the next chunk's first rows (NULL: none). */
 static void chunk_down(const ffn_layer *f, int chunk, int32_t *idx, const float *h, int fired, float *partial,
-                       ffn_chunk_stats *st) {
+                       const sparse_then *then, ffn_chunk_stats *st) {
     const model *m = f->m;
-    const weight *dt = f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
-    long n0, n1;
-    ffn_chunk_range(m, chunk, &n0, &n1);
-    const long first = f->down_t_chunks ? n0 : f->down_t_first; /* the neuron of dt's row 0 */
+    long first;
+    const weight *dt = chunk_down_t(f, chunk, &first);
     for (int k = 0; k < fired; k++) idx[k] -= (int32_t)first;
     memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
-    sparse_kernels_for_type(f->axpy, dt->type)->axpy(dt->data, dt->row_bytes, idx, h, fired, partial, m->n_embd);
+    sparse_kernels_for_type(f->axpy, dt->type)
+        ->axpy(dt->data, dt->row_bytes, idx, h, fired, partial, m->n_embd, then);
     st->fired += (uint64_t)fired;
     st->bytes += (uint64_t)fired * dt->row_bytes;
 }
@@ -230,13 +262,18 @@ void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, flo
         n += select_neurons(f, n0, n1, s, n, st);
     }
     s->start[n_chunks] = n;
-    gather_gate_up(f, s, n_chunks, st);
-    for (int c = 0; c < n_chunks; c++) {
-        const int at = s->start[c], len = s->start[c + 1] - at;
-        const int fired = activate_and_keep(f, s->idx + at, s->a + at, s->b + at, len);
+    gather_gate_up(f, chunks, s, n_chunks, st);
+    for (int c = 0; c < n_chunks; c++) { /* every chunk's firing neurons first: each axpy prefetches the next's */
+        const int at = s->start[c];
+        s->fired[c] = activate_and_keep(f, s->idx + at, s->a + at, s->b + at, s->start[c + 1] - at);
         if (counts)
-            for (int k = 0; k < fired; k++) counts[s->idx[at + k]]++;
-        chunk_down(f, chunks[c], s->idx + at, s->a + at, fired, partials + (size_t)chunks[c] * n_embd, st);
+            for (int k = 0; k < s->fired[c]; k++) counts[s->idx[at + k]]++;
+    }
+    for (int c = 0; c < n_chunks; c++) {
+        sparse_then then = {0};
+        if (c + 1 < n_chunks) chunk_then(f, chunks[c + 1], s->idx + s->start[c + 1], s->fired[c + 1], &then);
+        chunk_down(f, chunks[c], s->idx + s->start[c], s->a + s->start[c], s->fired[c],
+                   partials + (size_t)chunks[c] * n_embd, &then, st);
     }
 }
 

@@ -80,11 +80,12 @@ typedef struct {
 } ffn_layer;
 
 /* One thread's scratch: idx, a, b hold up to n_ff neurons (a batch of
- * chunks), tmp one chunk, start one entry per chunk of a batch plus one. */
+ * chunks), tmp one chunk, start one entry per chunk of a batch plus one,
+ * fired one per chunk (its firing neurons, at start[c]). */
 typedef struct {
     int32_t *idx;
     float *a, *b, *tmp;
-    int *start;
+    int *start, *fired;
 } ffn_scratch;
 
 int ffn_scratch_init(ffn_scratch *s, const model *m); /* 0, or -1 out of memory */

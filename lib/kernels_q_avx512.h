@@ -252,11 +252,11 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, const q4_xquad *quads
 static inline int q4_chunk_blocks(int nb, int b0) { return nb - b0 < Q4_CHUNK_BLOCKS ? nb - b0 : Q4_CHUNK_BLOCKS; }
 
 /* the row whose lines a dot prefetches while it reads row i of s: `ahead`
- * rows further, or the last row (never NULL, which lets the rows drop their
- * no-prefetch test) */
+ * rows further (past the last, the caller's next rows), or the last row
+ * (never NULL, which lets the rows drop their no-prefetch test) */
 __attribute__((returns_nonnull)) static inline const char *gather_ahead(const row_seq *s, int i, int ahead) {
-    const int last = row_seq_len(s) - 1;
-    return row_seq_row(s, i + ahead < last ? i + ahead : last);
+    const char *row = row_seq_ahead(s, i, ahead);
+    return row ? row : row_seq_row(s, row_seq_len(s) - 1);
 }
 
 /* Q4_0 reads Q4_GATHER_ROWS rows in one pass and prefetches the next pass's

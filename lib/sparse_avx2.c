@@ -19,18 +19,18 @@
     static void dot_seq_##T(const row_seq *s, const XT *x, int n) {                                                  \
         const int len = row_seq_len(s);                                                                              \
         for (int i = 0; i < len; i++) {                                                                              \
-            const char *next = i + 1 < len ? row_seq_row(s, i + 1) : NULL;                                           \
+            const char *next = row_seq_ahead(s, i, 1);                                                               \
             *row_seq_out(s, i) = T##_row((const RT *)row_seq_row(s, i), x, n, next);                                 \
         }                                                                                                            \
     }                                                                                                                \
     static void dot_##T(const void *w, size_t stride, const int32_t *idx, int count, const void *x, int n,           \
-                        float *out) {                                                                                \
-        const row_seq s = row_seq_one(w, stride, idx, count, out);                                                   \
+                        float *out, const sparse_then *then) {                                                       \
+        const row_seq s = row_seq_one(w, stride, idx, count, out, then);                                             \
         dot_seq_##T(&s, x, n);                                                                                       \
     }                                                                                                                \
     static void dot2_##T(const void *w_a, const void *w_b, size_t stride, const int32_t *idx, int count,             \
-                         const void *x, int n, float *out_a, float *out_b) {                                         \
-        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b);                                   \
+                         const void *x, int n, float *out_a, float *out_b, const sparse_then *then) {                \
+        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b, then);                             \
         dot_seq_##T(&s, x, n);                                                                                       \
     }
 
@@ -43,14 +43,14 @@ GATHER_DOTS(q4_0, block_q4_0, block_q8_0)
 
 /* float rows: 32 elements per pass in four registers; F16 widened on load */
 #define FLOAT_AXPY(T, ELEM, LOAD8, LOAD1)                                                                        \
-    static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count,        \
-                         float *y, int n) {                                                                      \
+    static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count,         \
+                         float *y, int n, const sparse_then *then) {                                             \
         for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                          \
             axpy_group g;                                                                                        \
-            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);                                       \
+            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0, then);                                 \
             int i = 0;                                                                                           \
             for (; i + 32 <= n; i += 32) {                                                                       \
-                axpy_prefetch_next(g.next, g.next_m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM));                    \
+                axpy_prefetch_next(g.next, g.next_m, (size_t)i * sizeof(ELEM), 32 * sizeof(ELEM));               \
                 __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);                             \
                 __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);                       \
                 for (int r = 0; r < g.m; r++) {                                                                  \
@@ -82,11 +82,11 @@ FLOAT_AXPY(f16, uint16_t, load_f16x8, load_f16_1)
 static __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n, const sparse_then *then) {
     const int nb = n / QK8_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
-        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0, then);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
             axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q8_0));
@@ -175,11 +175,11 @@ static inline void q4_add_block(float *y, __m256i s0, __m256i s1, int32_t bias, 
 }
 
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n, const sparse_then *then) {
     const int nb = n / QK4_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
         axpy_group g;
-        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0, then);
         const int pairs = (g.m + 1) / 2;
         for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
             const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;

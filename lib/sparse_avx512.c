@@ -46,13 +46,13 @@ static void dot_seq_q8_0(const row_seq *s, const block_q8_0 *x, int n) {
 
 #define GATHER_DOTS(T, XT)                                                                                       \
     static void dot_##T(const void *w, size_t stride, const int32_t *idx, int count, const void *x, int n,       \
-                        float *out) {                                                                            \
-        const row_seq s = row_seq_one(w, stride, idx, count, out);                                               \
+                        float *out, const sparse_then *then) {                                                   \
+        const row_seq s = row_seq_one(w, stride, idx, count, out, then);                                         \
         dot_seq_##T(&s, (const XT *)x, n);                                                                       \
     }                                                                                                            \
     static void dot2_##T(const void *w_a, const void *w_b, size_t stride, const int32_t *idx, int count,         \
-                         const void *x, int n, float *out_a, float *out_b) {                                     \
-        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b);                               \
+                         const void *x, int n, float *out_a, float *out_b, const sparse_then *then) {            \
+        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b, then);                         \
         dot_seq_##T(&s, (const XT *)x, n);                                                                       \
     }
 
@@ -74,16 +74,16 @@ static inline __m512 load16m_f16(const void *row, int i, __mmask16 m) {
 }
 
 /* The float axpys differ only in how an element is loaded: one body, two types. */
-#define AXPY_FLOAT(T, ESIZE)                                                                                     \
-    static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, \
-                         int n) {                                                                                 \
+#define AXPY_FLOAT(T, ESIZE)                                                                                      \
+    static void axpy_##T(const void *w, size_t stride, const int32_t *idx, const float *coef, int count,          \
+                         float *y, int n, const sparse_then *then) {                                              \
         for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {                                                           \
             axpy_group g;                                                                                         \
-            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);                                        \
+            axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0, then);                                  \
             int i = 0;                                                                                            \
             for (; i + 64 <= n; i += 64) {                                                                        \
-                axpy_prefetch_next(g.next, g.next_m, (size_t)i * (ESIZE), 64 * (ESIZE));                              \
-                __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);                            \
+                axpy_prefetch_next(g.next, g.next_m, (size_t)i * (ESIZE), 64 * (ESIZE));                          \
+                __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);                             \
                 __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);                        \
                 for (int r = 0; r < g.m; r++) {                                                                   \
                     const __m512 c = _mm512_set1_ps(g.coef[r]);                                                   \
@@ -114,11 +114,11 @@ AXPY_FLOAT(f16, sizeof(uint16_t))
 static __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 
 static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n, const sparse_then *then) {
     const int nb = n / QK8_0;
     for (int k0 = 0; k0 < count; k0 += AXPY_ROWS) {
         axpy_group g;
-        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_ROWS, w, stride, idx, coef, count, k0, then);
         for (int b = 0; b < nb; b++) {
             const size_t off = (size_t)b * sizeof(block_q8_0);
             axpy_prefetch_next(g.next, g.next_m, off, sizeof(block_q8_0));
@@ -220,12 +220,12 @@ static inline __attribute__((always_inline)) void q4_quantize_run(const axpy_gro
 }
 
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n, const sparse_then *then) {
     const int nb = n / QK4_0;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
         axpy_group g;
-        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0);
+        axpy_group_at(&g, AXPY_Q4_GROUP, w, stride, idx, coef, count, k0, then);
         const int sets = (g.m + 3) / 4;
         for (int b0 = 0; b0 < nb; b0 += Q4_AXPY_RUN) {
             const int run = nb - b0 < Q4_AXPY_RUN ? nb - b0 : Q4_AXPY_RUN;

@@ -35,7 +35,8 @@
  *          y = fma(m * (1 / 127.f), sum, y).
  *          Bit-exact across ISAs, so results do not depend on the machine.
  * n is the row length in elements: any n >= 0 for F32/F16, a multiple of 32 for
- * Q8_0/Q4_0. count may be 0. */
+ * Q8_0/Q4_0. count may be 0. Each kernel's `then` (NULL: none) names the rows
+ * the caller's next call reads first, for prefetching (sparse_then). */
 #ifndef PI2_SPARSE_KERNELS_H
 #define PI2_SPARSE_KERNELS_H
 
@@ -46,12 +47,24 @@
 
 #define AXPY_Q4_GROUP 16 /* rows whose Q4_0 axpy coefficients share a scale per block */
 
+/* The rows a caller's next call starts with (up to AXPY_Q4_GROUP, the
+ * largest axpy group): the end of this call prefetches them as it goes, as
+ * it does its own next rows, so that calls one after another (one per
+ * neuron chunk, each axpy into its own partial) stream like one call.
+ * Without it each call's first rows start cold: on one core, 22 axpy calls
+ * for a 7B layer's chunks ran at 13 GB/s against 18 for one call
+ * (sparse-bench's "axpy by chunk"). A hint only: results do not depend on it. */
+typedef struct {
+    const char *rows[AXPY_Q4_GROUP];
+    int count;
+} sparse_then;
+
 typedef void (*sparse_dot_fn)(const void *w, size_t row_stride, const int32_t *idx, int count, const void *x, int n,
-                              float *out);
+                              float *out, const sparse_then *then);
 typedef void (*sparse_dot2_fn)(const void *w_a, const void *w_b, size_t row_stride, const int32_t *idx, int count,
-                               const void *x, int n, float *out_a, float *out_b);
+                               const void *x, int n, float *out_a, float *out_b, const sparse_then *then);
 typedef void (*sparse_axpy_fn)(const void *w, size_t row_stride, const int32_t *idx, const float *coef, int count,
-                               float *y, int n);
+                               float *y, int n, const sparse_then *then);
 
 typedef struct {
     sparse_dot_fn dot;

@@ -7,6 +7,7 @@
 #ifndef PI2_SPARSE_ROWS_H
 #define PI2_SPARSE_ROWS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <xmmintrin.h>
@@ -20,20 +21,22 @@ typedef struct {
     size_t stride;
     const int32_t *idx; /* NULL: rows 0, 1, ... */
     int count;          /* entries of idx (rows of each matrix) */
+    const sparse_then *then; /* the rows after the last, to prefetch (NULL: none) */
 } row_seq;
 
-static inline row_seq row_seq_one(const void *w, size_t stride, const int32_t *idx, int count, float *out) {
-    return (row_seq){{(const char *)w, NULL}, {out, NULL}, 1, stride, idx, count};
+static inline row_seq row_seq_one(const void *w, size_t stride, const int32_t *idx, int count, float *out,
+                                  const sparse_then *then) {
+    return (row_seq){{(const char *)w, NULL}, {out, NULL}, 1, stride, idx, count, then};
 }
 
 static inline row_seq row_seq_two(const void *w_a, const void *w_b, size_t stride, const int32_t *idx, int count,
-                                  float *out_a, float *out_b) {
-    return (row_seq){{(const char *)w_a, (const char *)w_b}, {out_a, out_b}, 2, stride, idx, count};
+                                  float *out_a, float *out_b, const sparse_then *then) {
+    return (row_seq){{(const char *)w_a, (const char *)w_b}, {out_a, out_b}, 2, stride, idx, count, then};
 }
 
 /* rows 0 .. count-1 of w */
 static inline row_seq row_seq_dense(const void *w, size_t stride, int count, float *out) {
-    return (row_seq){{(const char *)w, NULL}, {out, NULL}, 1, stride, NULL, count};
+    return (row_seq){{(const char *)w, NULL}, {out, NULL}, 1, stride, NULL, count, NULL};
 }
 
 static inline int row_seq_len(const row_seq *s) { return s->count * s->nmat; }
@@ -45,11 +48,20 @@ static inline const char *row_seq_row(const row_seq *s, int i) {
 
 static inline float *row_seq_out(const row_seq *s, int i) { return &s->out[i % s->nmat][i / s->nmat]; }
 
+/* The row `ahead` rows after row i, to prefetch: past the last, the
+ * caller's next rows (s->then); NULL when there is none. */
+static inline const char *row_seq_ahead(const row_seq *s, int i, int ahead) {
+    const int len = row_seq_len(s), j = i + ahead;
+    if (j < len) return row_seq_row(s, j);
+    return s->then && j - len < s->then->count ? s->then->rows[j - len] : NULL;
+}
+
 /* ---- axpy: a group of rows per pass over y, y held in registers across
  * them (AXPY_ROWS for the float and Q8_0 axpys; AXPY_Q4_GROUP, whose rows
  * share their int8 coefficients' scale per block, for Q4_0); each group
  * prefetches the next group's rows into L2 (T1) as it goes (the gather is
- * scattered, which the hardware prefetcher cannot guess) ---- */
+ * scattered, which the hardware prefetcher cannot guess); the last group
+ * the caller's next call's first rows (sparse_then) ---- */
 
 #define AXPY_ROWS 8 /* 4 and 16 measured slower (AVX-512) */
 #define AXPY_GROUP_MAX AXPY_Q4_GROUP
@@ -64,14 +76,16 @@ typedef struct {
  * AXPY_GROUP_MAX); slots past m repeat row idx[k0] with coefficient 0, so
  * that a SIMD pass may run them as padding */
 static inline void axpy_group_at(axpy_group *g, int size, const char *w, size_t stride, const int32_t *idx,
-                                 const float *coef, int count, int k0) {
+                                 const float *coef, int count, int k0, const sparse_then *then) {
     const int k1 = k0 + size;
+    const bool last = count <= k1;
     g->m = count - k0 < size ? count - k0 : size;
-    g->next_m = count <= k1 ? 0 : count - k1 < size ? count - k1 : size;
+    if (!last) g->next_m = count - k1 < size ? count - k1 : size;
+    else g->next_m = !then ? 0 : then->count < size ? then->count : size; /* the caller's next call */
     for (int r = 0; r < size; r++) {
         g->rows[r] = w + (size_t)idx[k0 + (r < g->m ? r : 0)] * stride;
         g->coef[r] = r < g->m ? coef[k0 + r] : 0.0f;
-        g->next[r] = r < g->next_m ? w + (size_t)idx[k1 + r] * stride : NULL;
+        g->next[r] = r >= g->next_m ? NULL : last ? then->rows[r] : w + (size_t)idx[k1 + r] * stride;
     }
 }
 

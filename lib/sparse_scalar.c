@@ -30,13 +30,13 @@ static void dot_seq(const row_seq *s, row_dot_fn dot, const void *x, int n) {
 
 #define SCALAR_GATHER_DOTS(T)                                                                                    \
     static void dot_##T(const void *w, size_t stride, const int32_t *idx, int count, const void *x, int n,       \
-                        float *out) {                                                                            \
-        const row_seq s = row_seq_one(w, stride, idx, count, out);                                               \
+                        float *out, const sparse_then *then) {                                                   \
+        const row_seq s = row_seq_one(w, stride, idx, count, out, then);                                         \
         dot_seq(&s, row_dot_##T, x, n);                                                                          \
     }                                                                                                            \
     static void dot2_##T(const void *w_a, const void *w_b, size_t stride, const int32_t *idx, int count,         \
-                         const void *x, int n, float *out_a, float *out_b) {                                     \
-        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b);                               \
+                         const void *x, int n, float *out_a, float *out_b, const sparse_then *then) {            \
+        const row_seq s = row_seq_two(w_a, w_b, stride, idx, count, out_a, out_b, then);                         \
         dot_seq(&s, row_dot_##T, x, n);                                                                          \
     }
 
@@ -47,14 +47,18 @@ SCALAR_GATHER_DOTS(q4_0)
 
 /* ---- gather axpy: k ascending, one fma per element and term ---- */
 
-static void axpy_f32(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n) {
+static void axpy_f32(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n,
+                      const sparse_then *then) {
+    (void)then; /* a prefetch hint */
     for (int k = 0; k < count; k++) {
         const float *row = (const float *)((const char *)w + (size_t)idx[k] * stride);
         for (int i = 0; i < n; i++) y[i] = fmaf(coef[k], row[i], y[i]);
     }
 }
 
-static void axpy_f16(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n) {
+static void axpy_f16(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y, int n,
+                      const sparse_then *then) {
+    (void)then; /* a prefetch hint */
     for (int k = 0; k < count; k++) {
         const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)idx[k] * stride);
         for (int i = 0; i < n; i++) y[i] = fmaf(coef[k], f16_to_f32(row[i]), y[i]);
@@ -62,7 +66,9 @@ static void axpy_f16(const void *w, size_t stride, const int32_t *idx, const flo
 }
 
 static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n,
+                      const sparse_then *then) {
+    (void)then; /* a prefetch hint */
     for (int k = 0; k < count; k++) {
         const block_q8_0 *row = (const block_q8_0 *)((const char *)w + (size_t)idx[k] * stride);
         for (int b = 0; b < n / QK8_0; b++) {
@@ -83,7 +89,9 @@ static float q4_axpy_quantize(const float *cd, int rows, int8_t *c) {
 }
 
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n) {
+                      int n,
+                      const sparse_then *then) {
+    (void)then; /* a prefetch hint */
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
         const int rows = count - k0 < AXPY_Q4_GROUP ? count - k0 : AXPY_Q4_GROUP;
         const block_q4_0 *row[AXPY_Q4_GROUP];

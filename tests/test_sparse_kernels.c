@@ -140,7 +140,8 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
                        const char *what) {
     const int n = a->n;
     float *ref = malloc(((size_t)count + 1) * sizeof *ref);
-    sparse_kernels_for_type(sparse_kernels_scalar(), a->type)->dot(a->base, a->stride, idx, count, x->conv, n, ref);
+    sparse_kernels_for_type(sparse_kernels_scalar(), a->type)
+        ->dot(a->base, a->stride, idx, count, x->conv, n, ref, NULL);
 
     /* the scalar reference against double arithmetic; magnitude[k]: sum |w x| of row idx[k] */
     double *magnitude = malloc(((size_t)count + 1) * sizeof *magnitude);
@@ -163,8 +164,12 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
         float *out = malloc(((size_t)count + 1) * sizeof *out), *out_a = malloc(((size_t)count + 1) * sizeof *out);
         float *out_b = malloc(((size_t)count + 1) * sizeof *out);
         out[count] = out_a[count] = out_b[count] = 12345.0f; /* must stay untouched */
-        sk->dot(a->base, a->stride, idx, count, x->conv, n, out);
-        sk->dot2(a->base, b->base, a->stride, idx, count, x->conv, n, out_a, out_b);
+        /* the plain dot with a prefetch hint for the next call (b's last rows), the
+         * fused one without: they must still agree bit for bit */
+        sparse_then then = {.count = AXPY_Q4_GROUP};
+        for (int r = 0; r < then.count; r++) then.rows[r] = b->base + (size_t)(b->rows - 1 - r) * b->stride;
+        sk->dot(a->base, a->stride, idx, count, x->conv, n, out, &then);
+        sk->dot2(a->base, b->base, a->stride, idx, count, x->conv, n, out_a, out_b, NULL);
 
         int not_dense = 0, not_fused = 0, off_scalar = 0;
         for (int k = 0; k < count; k++) {
@@ -203,7 +208,8 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
     rng_fill(y0, n);
     float *ref = malloc(((size_t)n + 1) * sizeof *ref);
     memcpy(ref, y0, (size_t)n * sizeof *ref);
-    sparse_kernels_for_type(sparse_kernels_scalar(), m->type)->axpy(m->base, m->stride, idx, coef, count, ref, n);
+    sparse_kernels_for_type(sparse_kernels_scalar(), m->type)
+        ->axpy(m->base, m->stride, idx, coef, count, ref, n, NULL);
 
     /* the scalar reference against y0 + W^T coef in double: each term carries
      * the rounding of its coef * d (for blocks) and of its fma; Q4_0 also its
@@ -233,16 +239,21 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
     CHECK(bad_scalar == 0, "%s: %d of %d scalar axpy outputs off the double reference", what, bad_scalar, n);
     if (count == 0) CHECK(memcmp(ref, y0, (size_t)n * sizeof *ref) == 0, "%s: empty axpy changed y", what);
 
-    for (int s = 0; s < nsets; s++) {
+    /* a prefetch hint for the next call (the matrix's last rows) changes nothing */
+    sparse_then then = {.count = AXPY_Q4_GROUP};
+    for (int r = 0; r < then.count; r++) then.rows[r] = m->base + (size_t)(m->rows - 1 - r) * m->stride;
+    for (int s = 0; s < 2 * nsets; s++) {
+        const char *hinted = s % 2 ? ", with a next-call hint" : "";
         float *y = malloc(((size_t)n + 1) * sizeof *y);
         memcpy(y, y0, (size_t)n * sizeof *y);
         y[n] = 12345.0f;
-        sparse_kernels_for_type(sets[s], m->type)->axpy(m->base, m->stride, idx, coef, count, y, n);
+        sparse_kernels_for_type(sets[s / 2], m->type)
+            ->axpy(m->base, m->stride, idx, coef, count, y, n, s % 2 ? &then : NULL);
         int differ = 0;
         for (int i = 0; i < n; i++) differ += memcmp(&y[i], &ref[i], sizeof *y) != 0;
-        CHECK(differ == 0, "%s %s: %d of %d axpy outputs differ from the scalar ones", what, sets[s]->name, differ,
-              n);
-        CHECK(y[n] == 12345.0f, "%s %s: axpy wrote past y[n-1]", what, sets[s]->name);
+        CHECK(differ == 0, "%s %s%s: %d of %d axpy outputs differ from the scalar ones", what, sets[s / 2]->name,
+              hinted, differ, n);
+        CHECK(y[n] == 12345.0f, "%s %s%s: axpy wrote past y[n-1]", what, sets[s / 2]->name, hinted);
         free(y);
     }
     free(coef);

@@ -7,6 +7,9 @@
  * read ceiling measured in the same run (the whole layers streamed by the
  * fastest dense kernel, the F16 dot). The same memory is
  * also read as a bundle file (neuron i's gate, up and down side by side).
+ * The axpy also runs as the stack's chunked FFN calls it, one call per neuron
+ * chunk into its own partial, with and without each call naming the next
+ * chunk's first rows for prefetching (sparse_then).
  *
  * Where the weights live matters: every gathered row sits on its own page, so
  * on 4 KiB pages each row costs a dTLB miss and a page walk, which 2 MiB pages
@@ -18,6 +21,7 @@
  * huge pages is printed. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,7 @@
 #include "f16.h"
 #include "cli.h"
 #include "clock.h"
+#include "ffn_chunks.h"
 #include "kernels.h"
 #include "log.h"
 #include "sparse_kernels.h"
@@ -40,6 +45,7 @@ static const char *const placement_names[PLACE_COUNT] = {"shm", "4k", "thp"};
 
 typedef struct {
     int n_embd, n_ff, active;  /* active neurons per layer */
+    int chunk;                 /* neurons per chunk of the stack's FFN (ffn_chunk_neurons) */
     int layers;
     uint32_t type;
     size_t row_bytes, layer_bytes;
@@ -100,10 +106,27 @@ static void make_sets(bench *b, int sorted) {
     free(perm);
 }
 
-enum op { OP_STREAM, OP_DENSE, OP_DOT, OP_DOT2, OP_AXPY, OP_FFN, OP_FFN_BUNDLE, OP_COUNT };
+enum op { OP_STREAM, OP_DENSE, OP_DOT, OP_DOT2, OP_AXPY, OP_AXPY_CHUNKS, OP_AXPY_CHUNKS_THEN, OP_FFN, OP_FFN_BUNDLE, OP_COUNT };
 static const char *const op_names[OP_COUNT] = {
     "read ceiling (f16 dot stream)", "dense dot (whole gate matrix)", "gather dot (gate)", "gather dot2 (gate+up fused)", "gather axpy (down_t)",
-    "sparse FFN: dot2 + axpy", "sparse FFN, bundle layout"};
+    "axpy by chunk, no hint", "axpy by chunk, next hinted", "sparse FFN: dot2 + axpy", "sparse FFN, bundle layout"};
+
+/* The axpy as the stack's chunked FFN runs it: one call per neuron chunk
+ * (ffn_chunk_neurons), each into its own zeroed partial; `hint`: each call
+ * names the next chunk's first rows (sparse_then), as ffn_chunks_run does. */
+static void axpy_by_chunk(const bench *b, const sparse_type_kernels *sk, const uint8_t *w, const int32_t *idx,
+                          bool hint) {
+    const size_t rb = b->row_bytes;
+    for (int k0 = 0, k1; k0 < b->active; k0 = k1) {
+        for (k1 = k0; k1 < b->active && idx[k1] / b->chunk == idx[k0] / b->chunk; k1++) continue;
+        sparse_then then = {0};
+        if (hint)
+            for (; k1 + then.count < b->active && then.count < AXPY_Q4_GROUP; then.count++)
+                then.rows[then.count] = (const char *)w + (size_t)idx[k1 + then.count] * rb;
+        memset(b->y, 0, sizeof(float) * (size_t)b->n_embd);
+        sk->axpy(w, rb, idx + k0, b->coef + k0, k1 - k0, b->y, b->n_embd, &then);
+    }
+}
 
 static float dense_dot(const kernels *k, uint32_t type, const void *row, const void *x, int n) {
     switch (type) {
@@ -133,21 +156,25 @@ static double run_layer(const bench *b, const kernels *dk, const sparse_type_ker
         }
         return (double)matrix;
     case OP_DOT:
-        sk->dot(base, rb, idx, m, b->xconv, n, b->out_a);
+        sk->dot(base, rb, idx, m, b->xconv, n, b->out_a, NULL);
         return (double)m * (double)rb;
     case OP_DOT2:
-        sk->dot2(base, base + matrix, rb, idx, m, b->xconv, n, b->out_a, b->out_b);
+        sk->dot2(base, base + matrix, rb, idx, m, b->xconv, n, b->out_a, b->out_b, NULL);
         return 2.0 * m * (double)rb;
     case OP_AXPY:
-        sk->axpy(base + 2 * matrix, rb, idx, b->coef, m, b->y, n);
+        sk->axpy(base + 2 * matrix, rb, idx, b->coef, m, b->y, n, NULL);
+        return (double)m * (double)rb;
+    case OP_AXPY_CHUNKS:
+    case OP_AXPY_CHUNKS_THEN:
+        axpy_by_chunk(b, sk, base + 2 * matrix, idx, op == OP_AXPY_CHUNKS_THEN);
         return (double)m * (double)rb;
     case OP_FFN:
-        sk->dot2(base, base + matrix, rb, idx, m, b->xconv, n, b->out_a, b->out_b);
-        sk->axpy(base + 2 * matrix, rb, idx, b->coef, m, b->y, n);
+        sk->dot2(base, base + matrix, rb, idx, m, b->xconv, n, b->out_a, b->out_b, NULL);
+        sk->axpy(base + 2 * matrix, rb, idx, b->coef, m, b->y, n, NULL);
         return 3.0 * m * (double)rb;
     default: /* OP_FFN_BUNDLE: neuron i at base + i * 3 rb: gate, up, down */
-        sk->dot2(base, base + rb, 3 * rb, idx, m, b->xconv, n, b->out_a, b->out_b);
-        sk->axpy(base + 2 * rb, 3 * rb, idx, b->coef, m, b->y, n);
+        sk->dot2(base, base + rb, 3 * rb, idx, m, b->xconv, n, b->out_a, b->out_b, NULL);
+        sk->axpy(base + 2 * rb, 3 * rb, idx, b->coef, m, b->y, n, NULL);
         return 3.0 * m * (double)rb;
     }
 }
@@ -270,6 +297,7 @@ static int bench_init(bench *b, uint32_t type, int n_embd, int n_ff, double frac
     b->type = type;
     b->n_embd = n_embd;
     b->n_ff = n_ff;
+    b->chunk = ffn_chunk_neurons(&(model){.n_ff = n_ff});
     b->active = (int)(fraction * n_ff + 0.5);
     if (b->active < 1) b->active = 1;
     b->row_bytes = ggml_row_bytes(type, (uint64_t)n_embd);
