@@ -97,8 +97,10 @@ for name in stories260K synth-f32 synth-f16 synth-q8_0 synth-q4_0; do
             got=$(gen "$R" "$PROMPT" 32 --temp 0)
             same "$name/$variant: a second generation on the same stack is the same" "$want" "$got" "$R"
         fi
-        "$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
+        down_out=$("$PI2" down -r "$R" 2>&1) && no_leftovers "$R"
         check "$name/$variant: pi2 down leaves nothing" $?
+        ! grep -q "left behind" <<<"$down_out"
+        check "$name/$variant: pi2 down: the supervisor stopped the stack itself" $?
     done
 done
 
