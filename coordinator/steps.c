@@ -72,9 +72,9 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
     c->step.progress_ms = clock_ms();
 }
 
-/* The DecodeTasks of one token to cpu-worker i; -1 if a send failed (the worker is marked lost).
+/* DecodeTask l of one token to cpu-worker i; -1 if the send failed (the worker is marked lost).
  * A chunked FFN names the worker's chunks (c->chunk_ranges). */
-static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
+static int send_decode_task(coord *c, int i, int l, int pos, ffn_mode mode) {
     const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
     work_share ws;
@@ -84,39 +84,37 @@ static int send_decode_tasks(coord *c, int i, int pos, ffn_mode mode) {
     bool chunked = ffn_mode_chunked(m, mode);
     Pi2__NeuronCluster cluster = PI2__NEURON_CLUSTER__INIT, *clusters[1] = {&cluster};
     cluster.n_ranges = (size_t)c->n_chunk_ranges[i], cluster.ranges = c->chunk_ranges[i];
-    for (int l = 0; l < c->step.n_tasks; l++) {
-        bool output = l == m->n_layer;
-        Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
-        t.layer = (uint32_t)l;
-        t.position = (uint32_t)pos;
-        t.in_offset = c->sv.layout.x_layers + (uint64_t)l * emb;
-        t.in_length = emb;
-        t.out_offset = output ? c->sv.layout.logits : c->sv.layout.x_layers + (uint64_t)(l + 1) * emb;
-        t.out_length = output ? (uint64_t)m->n_vocab * sizeof(float) : emb;
-        t.kv_begin = 0;
-        t.kv_end = (uint32_t)pos + 1;
-        t.head_begin = output ? 0 : (uint32_t)(ws.kvh_begin * group);
-        t.head_end = output ? 0 : (uint32_t)(ws.kvh_end * group);
-        t.epoch = c->epoch;
-        /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
-        t.quiet = l + 1 < c->step.n_tasks;
-        if (!output) {
-            t.ffn_mode = ffn_mode_to_wire(mode);
-            cluster.layer = (uint32_t)l;
-            if (chunked && cluster.n_ranges) t.n_clusters = 1, t.clusters = clusters;
-        }
-        Pi2__Envelope env;
-        msg_envelope_init(&env, 0, c->session);
-        env.body_case = PI2__ENVELOPE__BODY_DECODE_TASK;
-        env.decode_task = &t;
-        int rc = coord_send(c, c->workers_sock, w->name, strlen(w->name), &env);
-        if (rc != BUS_OK) {
-            worker_lost(w, bus_status_str(rc));
-            if (rc == BUS_ENOPEER) w->registered = false; /* not connected: only a new Register brings it back */
-            return -1;
-        }
-        if (l == 0) c->step.first_seq[i] = env.seq;
+    bool output = l == m->n_layer;
+    Pi2__DecodeTask t = PI2__DECODE_TASK__INIT;
+    t.layer = (uint32_t)l;
+    t.position = (uint32_t)pos;
+    t.in_offset = c->sv.layout.x_layers + (uint64_t)l * emb;
+    t.in_length = emb;
+    t.out_offset = output ? c->sv.layout.logits : c->sv.layout.x_layers + (uint64_t)(l + 1) * emb;
+    t.out_length = output ? (uint64_t)m->n_vocab * sizeof(float) : emb;
+    t.kv_begin = 0;
+    t.kv_end = (uint32_t)pos + 1;
+    t.head_begin = output ? 0 : (uint32_t)(ws.kvh_begin * group);
+    t.head_end = output ? 0 : (uint32_t)(ws.kvh_end * group);
+    t.epoch = c->epoch;
+    /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
+    t.quiet = l + 1 < c->step.n_tasks;
+    if (!output) {
+        t.ffn_mode = ffn_mode_to_wire(mode);
+        cluster.layer = (uint32_t)l;
+        if (chunked && cluster.n_ranges) t.n_clusters = 1, t.clusters = clusters;
     }
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, c->session);
+    env.body_case = PI2__ENVELOPE__BODY_DECODE_TASK;
+    env.decode_task = &t;
+    int rc = coord_send(c, c->workers_sock, w->name, strlen(w->name), &env);
+    if (rc != BUS_OK) {
+        worker_lost(w, bus_status_str(rc));
+        if (rc == BUS_ENOPEER) w->registered = false; /* not connected: only a new Register brings it back */
+        return -1;
+    }
+    if (l == 0) c->step.first_seq[i] = env.seq;
     return 0;
 }
 
@@ -160,10 +158,16 @@ typedef struct {
     ffn_mode mode;
 } decode_arg;
 
+/* Layer by layer, every worker's task before the next layer's: the workers
+ * meet at a barrier within each layer, so the last to get its layer 0 sets
+ * the pace. Worker by worker, the second got its first task after the
+ * first's 33 (7B): ~250 us per token of waiting at layer 0's barrier. */
 static int send_decode(coord *c, const void *arg) {
     const decode_arg *a = arg;
-    for (int i = 0; i < c->params.n_cpu_workers; i++)
-        if (send_decode_tasks(c, i, a->pos, a->mode)) return -1;
+    c->step.seq_stride = c->params.n_cpu_workers; /* nothing else is sent in between */
+    for (int l = 0; l < c->step.n_tasks; l++)
+        for (int i = 0; i < c->params.n_cpu_workers; i++)
+            if (send_decode_task(c, i, l, a->pos, a->mode)) return -1;
     return 0;
 }
 

@@ -158,9 +158,11 @@ static void on_register(coord *c, worker *w, const Pi2__Register *r) {
 static void on_task_done(coord *c, worker *w, const Pi2__TaskDone *d) {
     step_state *s = &c->step;
     int i = (int)(w - c->cpu);
-    if (!s->active || s->on_npu || d->task_seq < s->first_seq[i] || d->task_seq >= s->first_seq[i] + (uint64_t)s->n_tasks)
+    const uint64_t stride = (uint64_t)s->seq_stride;
+    if (!s->active || s->on_npu || !stride || d->task_seq < s->first_seq[i] ||
+        d->task_seq >= s->first_seq[i] + (uint64_t)s->n_tasks * stride || (d->task_seq - s->first_seq[i]) % stride)
         return; /* an old step's or epoch's answer */
-    if (d->task_seq - s->first_seq[i] != d->layer || (int)d->layer < s->n_done[i]) {
+    if ((d->task_seq - s->first_seq[i]) / stride != d->layer || (int)d->layer < s->n_done[i]) {
         log_warn("%s: TaskDone for layer %u (seq %llu) out of order, %d layers done", w->name, d->layer,
                  (unsigned long long)d->task_seq, s->n_done[i]);
         return;

@@ -202,14 +202,32 @@ Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeo
     return NULL;
 }
 
+/* Spins until w's socket is readable or hot_until_ns passes; true if readable.
+ * zmq_poll with no wait, unlike a non-blocking receive, reads the socket's
+ * command mailbox every time, so a message is seen as soon as it is in. */
+static bool spin_for_message(worker_link *w, uint64_t hot_until_ns) {
+    while (!proc_stop && clock_ns() < hot_until_ns) {
+        uint32_t ready = 0;
+        if (bus_poll(&w->sock, 1, 0, &ready) > 0 && ready) return true;
+        sched_yield(); /* a process sharing the core (the coordinator) runs first */
+    }
+    return false;
+}
+
 void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__BodyCase takes,
                        void (*handle)(void *ctx, const Pi2__Envelope *env), void *ctx) {
+    uint64_t hot_until_ns = 0;
     while (!proc_stop) {
         worker_link_heartbeat(w);
-        Pi2__Envelope *env = worker_link_recv(w, lim, WORKER_HEARTBEAT_MS / 2);
-        if (!env) continue;
+        const bool ready = hot_until_ns && spin_for_message(w, hot_until_ns);
+        Pi2__Envelope *env = worker_link_recv(w, lim, ready ? 0 : WORKER_HEARTBEAT_MS / 2);
+        if (!env) {
+            if (!ready) hot_until_ns = 0; /* idle: sleep until the next message */
+            continue;
+        }
         if (env->body_case == takes) handle(ctx, env);
         else log_warn("ignored a %s message (this worker takes %s)", msg_body_name(env->body_case), msg_body_name(takes));
         msg_free(env);
+        if (w->hot_wait_us > 0) hot_until_ns = clock_ns() + (uint64_t)w->hot_wait_us * 1000;
     }
 }

@@ -32,6 +32,7 @@ typedef struct {
     _Atomic bool beat_stop;
     pthread_t beat_thread;
     bool beat_running;
+    int hot_wait_us;             /* worker_link_serve: spin this long after a message before sleeping */
 } worker_link;
 
 /* Claims the ctl row `name`, starts beating it, connects DEALER `name` to the
@@ -49,7 +50,11 @@ void worker_link_heartbeat(worker_link *w);
  * message dropped with a WARN). RegisterAck and Shutdown are handled here. */
 Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeout_ms);
 /* Until proc_stop: heartbeats, and hands each valid message of kind `takes`
- * to handle(ctx, env); other kinds are dropped with a WARN. */
+ * to handle(ctx, env); other kinds are dropped with a WARN. For
+ * w->hot_wait_us after each message it polls without sleeping (yielding the
+ * core between polls): an idle vCPU is halted, and waking it for the next
+ * message cost a cpu-worker ~0.3 ms per token, which the other workers
+ * waited for at the first barrier. */
 void worker_link_serve(worker_link *w, const msg_limits *lim, Pi2__Envelope__BodyCase takes,
                        void (*handle)(void *ctx, const Pi2__Envelope *env), void *ctx);
 
