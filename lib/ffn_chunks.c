@@ -102,19 +102,18 @@ static const weight *chunk_down_t(const ffn_layer *f, int chunk, long *first) {
     return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
 }
 
+/* The first rows of w a gather over neurons idx[0..n) reads; first: the neuron of w's row 0. */
+static void rows_then(const weight *w, const int32_t *idx, int n, long first, sparse_then *then) {
+    then->count = n < AXPY_Q4_GROUP ? n : AXPY_Q4_GROUP;
+    for (int k = 0; k < then->count; k++)
+        then->rows[k] = (const char *)w->data + (size_t)(idx[k] - first) * w->row_bytes;
+}
+
 /* The first rows chunk_down will read for a chunk's firing neurons idx[0..fired). */
 static void chunk_then(const ffn_layer *f, int chunk, const int32_t *idx, int fired, sparse_then *then) {
     long first;
     const weight *dt = chunk_down_t(f, chunk, &first);
-    then->count = fired < AXPY_Q4_GROUP ? fired : AXPY_Q4_GROUP;
-    for (int k = 0; k < then->count; k++)
-        then->rows[k] = (const char *)dt->data + (size_t)(idx[k] - first) * dt->row_bytes;
-}
-
-/* The first rows of w a gather over idx[0..n) reads. */
-static void rows_then(const weight *w, const int32_t *idx, int n, sparse_then *then) {
-    then->count = n < AXPY_Q4_GROUP ? n : AXPY_Q4_GROUP;
-    for (int k = 0; k < then->count; k++) then->rows[k] = (const char *)w->data + (size_t)idx[k] * w->row_bytes;
+    rows_then(dt, idx, fired, first, then);
 }
 
 /* out[k] = w row idx[k] . in, the dense dot's bits; `then` as sparse_then. */
@@ -138,7 +137,7 @@ static void gather_dot2(const ffn_layer *f, const layer_weights *w, const int32_
         return;
     }
     sparse_then up_rows;
-    rows_then(&w->up, idx, n, &up_rows);
+    rows_then(&w->up, idx, n, 0, &up_rows);
     gather_dot(f, &w->gate, idx, n, g, &up_rows);
     gather_dot(f, &w->up, idx, n, u, then);
 }
@@ -216,22 +215,23 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
     const layer_weights *w = &f->m->layers[f->layer];
     int n = s->start[n_chunks];
     st->computed += (uint64_t)n;
-    const bool relu = f->m->act != FFN_SILU;
-    sparse_then then = {0}; /* each pass prefetches the next one's first rows (ahead of which neurons prove zero) */
-    if (f->mode == FFN_PREDICTOR && relu) {
-        rows_then(&w->up, s->idx, n, &then);
+    const bool gate_pass = f->mode == FFN_PREDICTOR && f->m->act != FFN_SILU;
+    /* each pass prefetches the next pass's first rows, before knowing which of those neurons prove zero */
+    sparse_then then = {0};
+    if (gate_pass) {
+        rows_then(&w->up, s->idx, n, 0, &then);
         gather_dot(f, &w->gate, s->idx, n, s->a, &then);
         st->bytes += (uint64_t)n * w->gate.row_bytes;
         n = keep_positive_gates(s, n_chunks);
     }
     if (n_chunks > 0) chunk_then(f, chunks[0], s->idx, s->start[1], &then);
-    if (f->mode != FFN_GATE_FIRST && !(f->mode == FFN_PREDICTOR && relu)) {
-        gather_dot2(f, w, s->idx, n, s->a, s->b, &then);
-        st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
+    if (gate_pass || f->mode == FFN_GATE_FIRST) { /* the gates are known: up rows only */
+        gather_dot(f, &w->up, s->idx, n, s->b, &then);
+        st->bytes += (uint64_t)n * w->up.row_bytes;
         return;
     }
-    gather_dot(f, &w->up, s->idx, n, s->b, &then);
-    st->bytes += (uint64_t)n * w->up.row_bytes;
+    gather_dot2(f, w, s->idx, n, s->a, s->b, &then);
+    st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
 }
 
 /* The chunk's firing neurons idx[0..fired) (layer indices; made dt's row
