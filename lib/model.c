@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "huge_alloc.h"
 #include "kernels.h"
 
 const char *ffn_act_name(ffn_act a) {
@@ -188,22 +188,6 @@ int model_load(model *m, const char *path, char *err, size_t errlen) {
     return read_model(m, &L);
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
-/* Anonymous memory aligned to and rounded up to 2 MiB, so that all of it can
- * be backed by huge pages; NULL on failure. */
-static void *alloc_huge(size_t size, size_t *mapped) {
-    size_t len = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-    uint8_t *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return NULL;
-    uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
-    if (aligned + len < raw + len + HUGE_PAGE) munmap(aligned + len, (size_t)(raw + len + HUGE_PAGE - (aligned + len)));
-    madvise(aligned, len, MADV_HUGEPAGE); /* advisory: without THP the copy still works, on 4 KiB pages */
-    *mapped = len;
-    return aligned;
-}
-
 static int read_all(int fd, uint8_t *buf, size_t size) {
     for (size_t done = 0; done < size;) {
         ssize_t n = pread(fd, buf + done, size - done < (1u << 30) ? size - done : (1u << 30), (off_t)done);
@@ -225,17 +209,17 @@ int model_load_resident(model *m, const char *path, char *err, size_t errlen) {
         return -1;
     }
     size_t size = (size_t)st.st_size, mapped = 0;
-    uint8_t *buf = S_ISREG(st.st_mode) ? alloc_huge(size ? size : 1, &mapped) : NULL;
+    uint8_t *buf = S_ISREG(st.st_mode) ? huge_alloc(size ? size : 1, &mapped) : NULL;
     if (!buf || read_all(fd, buf, size)) {
         snprintf(err, errlen, "%s: %s", path, !S_ISREG(st.st_mode) ? "not a regular file"
                                               : buf ? "read failed or the file shrank" : "out of memory");
-        if (buf) munmap(buf, mapped);
+        huge_free(buf, mapped);
         close(fd);
         return -1;
     }
     close(fd);
     if (gguf_parse(&m->gguf, buf, size, path, err, errlen)) {
-        munmap(buf, mapped);
+        huge_free(buf, mapped);
         return -1;
     }
     m->resident = buf;
@@ -253,7 +237,7 @@ void model_free(model *m) {
     free(m->layers);
     free(m->output_norm);
     gguf_close(&m->gguf);
-    if (m->resident) munmap(m->resident, m->resident_bytes);
+    huge_free(m->resident, m->resident_bytes);
     memset(m, 0, sizeof *m);
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "huge_alloc.h"
 #include "kernels.h"
 #include "ops.h"
 #include "pred_gemv.h"
@@ -18,7 +19,8 @@ struct predictor {
     const kernels *k;
     pred_gemv_f16_fn gemv_f16;  /* both stages of F16 predictors */
     pred_gemv_q8_0_fn gemv_q8_0; /* the second stage of Q8_0 ones, or NULL: a dense dot per row */
-    void *owned;            /* PowerInfer's fc1/fc2 as Q8_0 (to_q8_0), every layer's */
+    void *owned;            /* PowerInfer's fc1/fc2 as Q8_0 (to_q8_0), every layer's, on huge pages */
+    size_t owned_mapped;
     weight *a, *b;          /* per layer: rows = rank x n_embd, n_ff x rank (fc1/fc2 or pred_a/pred_b) */
     float *threshold, *gate_cut;
     int max_rank;
@@ -32,7 +34,7 @@ struct predictor {
 void predictor_free(predictor *p) {
     if (!p) return;
     if (p->has_side) gguf_close(&p->side);
-    free(p->owned);
+    huge_free(p->owned, p->owned_mapped);
     free(p->a); free(p->b); free(p->threshold); free(p->gate_cut);
     free(p->hidden); free(p->logits); free(p->conv.f16); free(p->conv.q8);
     free(p);
@@ -105,7 +107,9 @@ static int to_q8_0(predictor *p) {
     }
     if (!total) return 0;
     float *row = malloc(sizeof(float) * widest);
-    p->owned = malloc(total);
+    /* on 2 MiB pages: every token streams all of it, and on 4 KiB pages the
+     * worker sharing its core with the coordinator took ~30 % longer per row */
+    p->owned = huge_alloc(total, &p->owned_mapped);
     if (!row || !p->owned) { free(row); return -1; }
     char *dst = p->owned;
     for (int l = 0; l < m->n_layer; l++) {
