@@ -50,7 +50,6 @@ typedef struct {
     bool on_npu;                                 /* a PrefillRequest, else DecodeTasks */
     int n_tasks;                                 /* DecodeTasks per cpu-worker */
     uint64_t first_seq[STACK_MAX_CPU_WORKERS];   /* Envelope.seq of each worker's layer-0 task */
-    int seq_stride;                              /* seqs between a worker's tasks of two layers */
     int n_done[STACK_MAX_CPU_WORKERS];           /* TaskDones so far, in layer order */
     uint64_t prefill_seq;
     bool prefill_done;

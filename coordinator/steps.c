@@ -72,13 +72,11 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
     c->step.progress_ms = clock_ms();
 }
 
-/* DecodeTask l of one token to cpu-worker i; -1 if the send failed (the worker is marked lost).
+/* DecodeTask l of one token to cpu-worker i, whose share is ws; -1 if the send failed (the worker is marked lost).
  * A chunked FFN names the worker's chunks (c->chunk_ranges). */
-static int send_decode_task(coord *c, int i, int l, int pos, ffn_mode mode) {
+static int send_decode_task(coord *c, int i, const work_share *ws, int l, int pos, ffn_mode mode) {
     const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
-    work_share ws;
-    work_share_compute(&ws, m, i, c->params.n_cpu_workers);
     long group = m->n_head / m->n_head_kv;
     worker *w = &c->cpu[i];
     bool chunked = ffn_mode_chunked(m, mode);
@@ -94,8 +92,8 @@ static int send_decode_task(coord *c, int i, int l, int pos, ffn_mode mode) {
     t.out_length = output ? (uint64_t)m->n_vocab * sizeof(float) : emb;
     t.kv_begin = 0;
     t.kv_end = (uint32_t)pos + 1;
-    t.head_begin = output ? 0 : (uint32_t)(ws.kvh_begin * group);
-    t.head_end = output ? 0 : (uint32_t)(ws.kvh_end * group);
+    t.head_begin = output ? 0 : (uint32_t)(ws->kvh_begin * group);
+    t.head_end = output ? 0 : (uint32_t)(ws->kvh_end * group);
     t.epoch = c->epoch;
     /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
     t.quiet = l + 1 < c->step.n_tasks;
@@ -161,13 +159,17 @@ typedef struct {
 /* Layer by layer, every worker's task before the next layer's: the workers
  * meet at a barrier within each layer, so the last to get its layer 0 sets
  * the pace. Worker by worker, the second got its first task after the
- * first's 33 (7B): ~250 us per token of waiting at layer 0's barrier. */
+ * first's 33 (7B): ~250 us per token of waiting at layer 0's barrier. Nothing
+ * else is sent in between, so a worker's tasks are n_cpu_workers sequence
+ * numbers apart (on_task_done). */
 static int send_decode(coord *c, const void *arg) {
     const decode_arg *a = arg;
-    c->step.seq_stride = c->params.n_cpu_workers; /* nothing else is sent in between */
+    const int n = c->params.n_cpu_workers;
+    work_share ws[STACK_MAX_CPU_WORKERS];
+    for (int i = 0; i < n; i++) work_share_compute(&ws[i], &c->sv.m, i, n);
     for (int l = 0; l < c->step.n_tasks; l++)
-        for (int i = 0; i < c->params.n_cpu_workers; i++)
-            if (send_decode_task(c, i, l, a->pos, a->mode)) return -1;
+        for (int i = 0; i < n; i++)
+            if (send_decode_task(c, i, &ws[i], l, a->pos, a->mode)) return -1;
     return 0;
 }
 

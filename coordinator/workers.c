@@ -158,8 +158,8 @@ static void on_register(coord *c, worker *w, const Pi2__Register *r) {
 static void on_task_done(coord *c, worker *w, const Pi2__TaskDone *d) {
     step_state *s = &c->step;
     int i = (int)(w - c->cpu);
-    const uint64_t stride = (uint64_t)s->seq_stride;
-    if (!s->active || s->on_npu || !stride || d->task_seq < s->first_seq[i] ||
+    const uint64_t stride = (uint64_t)c->params.n_cpu_workers; /* send_decode goes layer by layer */
+    if (!s->active || s->on_npu || d->task_seq < s->first_seq[i] ||
         d->task_seq >= s->first_seq[i] + (uint64_t)s->n_tasks * stride || (d->task_seq - s->first_seq[i]) % stride)
         return; /* an old step's or epoch's answer */
     if ((d->task_seq - s->first_seq[i]) / stride != d->layer || (int)d->layer < s->n_done[i]) {

@@ -102,18 +102,11 @@ static const weight *chunk_down_t(const ffn_layer *f, int chunk, long *first) {
     return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
 }
 
-/* The first rows of w a gather over neurons idx[0..n) reads; first: the neuron of w's row 0. */
-static void rows_then(const weight *w, const int32_t *idx, int n, long first, sparse_then *then) {
-    then->count = n < AXPY_Q4_GROUP ? n : AXPY_Q4_GROUP;
-    for (int k = 0; k < then->count; k++)
-        then->rows[k] = (const char *)w->data + (size_t)(idx[k] - first) * w->row_bytes;
-}
-
 /* The first rows chunk_down will read for a chunk's firing neurons idx[0..fired). */
 static void chunk_then(const ffn_layer *f, int chunk, const int32_t *idx, int fired, sparse_then *then) {
     long first;
     const weight *dt = chunk_down_t(f, chunk, &first);
-    rows_then(dt, idx, fired, first, then);
+    sparse_then_rows(then, dt->data, dt->row_bytes, idx, fired, first);
 }
 
 /* out[k] = w row idx[k] . in, the dense dot's bits; `then` as sparse_then. */
@@ -137,7 +130,7 @@ static void gather_dot2(const ffn_layer *f, const layer_weights *w, const int32_
         return;
     }
     sparse_then up_rows;
-    rows_then(&w->up, idx, n, 0, &up_rows);
+    sparse_then_rows(&up_rows, w->up.data, w->up.row_bytes, idx, n, 0);
     gather_dot(f, &w->gate, idx, n, g, &up_rows);
     gather_dot(f, &w->up, idx, n, u, then);
 }
@@ -219,7 +212,7 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
     /* each pass prefetches the next pass's first rows, before knowing which of those neurons prove zero */
     sparse_then then = {0};
     if (gate_pass) {
-        rows_then(&w->up, s->idx, n, 0, &then);
+        sparse_then_rows(&then, w->up.data, w->up.row_bytes, s->idx, n, 0);
         gather_dot(f, &w->gate, s->idx, n, s->a, &then);
         st->bytes += (uint64_t)n * w->gate.row_bytes;
         n = keep_positive_gates(s, n_chunks);

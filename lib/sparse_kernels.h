@@ -59,6 +59,14 @@ typedef struct {
     int count;
 } sparse_then;
 
+/* The rows a gather over neurons idx[0..n) of w reads first (row_stride
+ * bytes apart, row 0 being neuron `first`), as a sparse_then. */
+static inline void sparse_then_rows(sparse_then *then, const void *w, size_t row_stride, const int32_t *idx, int n,
+                                    long first) {
+    then->count = n < AXPY_Q4_GROUP ? n : AXPY_Q4_GROUP;
+    for (int k = 0; k < then->count; k++) then->rows[k] = (const char *)w + (size_t)(idx[k] - first) * row_stride;
+}
+
 typedef void (*sparse_dot_fn)(const void *w, size_t row_stride, const int32_t *idx, int count, const void *x, int n,
                               float *out, const sparse_then *then);
 typedef void (*sparse_dot2_fn)(const void *w_a, const void *w_b, size_t row_stride, const int32_t *idx, int count,

@@ -120,9 +120,7 @@ static void axpy_by_chunk(const bench *b, const sparse_type_kernels *sk, const u
     for (int k0 = 0, k1; k0 < b->active; k0 = k1) {
         for (k1 = k0; k1 < b->active && idx[k1] / b->chunk == idx[k0] / b->chunk; k1++) continue;
         sparse_then then = {0};
-        if (hint)
-            for (; k1 + then.count < b->active && then.count < AXPY_Q4_GROUP; then.count++)
-                then.rows[then.count] = (const char *)w + (size_t)idx[k1 + then.count] * rb;
+        if (hint) sparse_then_rows(&then, w, rb, idx + k1, b->active - k1, 0);
         memset(b->y, 0, sizeof(float) * (size_t)b->n_embd);
         sk->axpy(w, rb, idx + k0, b->coef + k0, k1 - k0, b->y, b->n_embd, &then);
     }
