@@ -1,6 +1,7 @@
 /* The coordinator's view of the stack: lib/stack_attach's (segments, model
  * rebased into the weights, our ctl row claimed while the weights load) plus
  * the tokenizer and the limits of the workers' messages. */
+#include "chunk_split.h"
 #include "coord.h"
 #include "log.h"
 
@@ -12,10 +13,8 @@ static int chunk_ranges_make(coord *c) {
     const int n_chunks = ffn_chunk_count(m);
     int32_t *own = malloc(sizeof(int32_t) * (size_t)n_chunks);
     for (int i = 0; own && i < c->params.n_cpu_workers; i++) {
-        work_share ws;
-        work_share_compute(&ws, m, i, c->params.n_cpu_workers);
-        int n_own = work_share_chunks(&ws, m, own);
-        if (!(c->chunk_ranges[i] = malloc(sizeof(uint32_t) * 2 * (size_t)(n_own + 1)))) break;
+        int n_own = chunk_split_worker(m, i, c->params.n_cpu_workers, own);
+        if (n_own < 0 || !(c->chunk_ranges[i] = malloc(sizeof(uint32_t) * 2 * (size_t)(n_own + 1)))) break;
         for (int k = 0; k < n_own; k++) {
             long n0, n1;
             ffn_chunk_range(m, own[k], &n0, &n1);

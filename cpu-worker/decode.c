@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "chunk_queue.h"
+#include "chunk_split.h"
 #include "clock.h"
 #include "kernels.h"
 #include "log.h"
@@ -354,7 +355,8 @@ static void *alloc_zero(size_t n, size_t size, int *failed) {
 static int build_down_t(decoder *d) {
     const model *m = d->m;
     int32_t *own = calloc((size_t)d->n_chunks, sizeof *own), bad = !own;
-    int n_own = own ? work_share_chunks(&d->share, m, own) : 0;
+    int n_own = own ? chunk_split_worker(m, d->index, d->n_workers, own) : 0;
+    bad |= n_own < 0;
     d->down_t = alloc_zero((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
     uint64_t t0 = clock_us(), bytes = 0;
     for (int l = 0; l < m->n_layer && !bad; l++)
@@ -366,13 +368,14 @@ static int build_down_t(decoder *d) {
             if (ffn_down_t_for(&m->layers[l], n0, n1, dt, &first, &built)) bad = 1;
             else bytes += (uint64_t)dt->rows * dt->row_bytes;
         }
+    const int first = n_own > 0 ? own[0] : 0;
     free(own);
     if (bad) {
         log_error("out of memory building the neuron-major down rows of this worker's chunks");
         return -1;
     }
-    log_info("built neuron-major down rows of %d of %d chunks (every %d-th from %d): %.1f MB in %.2f s", n_own,
-             d->n_chunks, d->share.chunk_step, d->share.chunk_first, bytes / 1e6, (clock_us() - t0) / 1e6);
+    log_info("built neuron-major down rows of chunks %d-%d of %d: %.1f MB in %.2f s", first, first + n_own - 1,
+             d->n_chunks, bytes / 1e6, (clock_us() - t0) / 1e6);
     return 0;
 }
 

@@ -63,14 +63,6 @@ void work_share_compute(work_share *s, const model *m, int worker, int n_workers
     pool_split(m->n_embd, worker, n_workers, &s->row_begin, &s->row_end);
     pool_split(m->n_ff, worker, n_workers, &s->ff_begin, &s->ff_end);
     pool_split(m->n_vocab, worker, n_workers, &s->vocab_begin, &s->vocab_end);
-    s->chunk_first = worker;
-    s->chunk_step = n_workers;
-}
-
-int work_share_chunks(const work_share *s, const model *m, int32_t *out) {
-    int n = 0;
-    for (int c = s->chunk_first; c < ffn_chunk_count(m); c += s->chunk_step) out[n++] = c;
-    return n;
 }
 
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,

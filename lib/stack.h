@@ -66,16 +66,9 @@ typedef struct {
     long row_begin, row_end;    /* rows of attn_output and ffn_down (n_embd rows) */
     long ff_begin, ff_end;      /* FFN neurons (gate/up rows) */
     long vocab_begin, vocab_end;/* output rows */
-    /* FFN neuron chunks (ffn_chunks.h) of the sparse FFN: chunk_first,
-     * chunk_first + chunk_step, ... Dealt round-robin, not in one range: a
-     * hot-first layout (pi2-reorder) puts most firing neurons in the first
-     * chunks, and a range would give them all to worker 0. */
-    int chunk_first, chunk_step;
-} work_share;
+} work_share; /* the sparse FFN's chunks: chunk_split.h */
 
 void work_share_compute(work_share *s, const model *m, int worker, int n_workers);
-/* The chunks of s into out[] (room for ffn_chunk_count(m)); returns how many. */
-int work_share_chunks(const work_share *s, const model *m, int32_t *out);
 
 /* ---- the control segment ---- */
 enum proc_state { PROC_EMPTY = 0, PROC_STARTING, PROC_READY, PROC_BUSY, PROC_STOPPING, PROC_DEAD };
