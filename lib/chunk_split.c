@@ -1,13 +1,15 @@
 #include "chunk_split.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "ffn_chunks.h"
 #include "reorder.h"
 
-/* Per decode token on the 7B bench model (Q4_0, two workers, tools' timers
- * in ffn_chunks_run, eighth session): ~15 ns per predictor row, ~700 ns per
- * firing neuron (gate ~200, up ~200, down ~280). Only their ratio matters. */
+/* Per decode token on the 7B bench model (Q4_0, two workers; timers in a
+ * scratch build of ffn_chunks_run, ninth session): ~15 ns per predictor
+ * row, ~700 ns per firing neuron (gate ~200, up ~200, down ~280). Only
+ * their ratio matters. */
 #define PREDICTOR_ROW_NS 15.0
 #define FIRING_NEURON_NS 700.0
 #define DEFAULT_FIRING 0.10 /* share of neurons firing per token without counts */
@@ -19,14 +21,18 @@ void chunk_costs(const model *m, double *cost) {
     const bool counted = gguf_get_arr(&m->gguf, REORDER_KEY_FIRING, GGUF_UINT32, &cells, &data) &&
                          cells == (uint64_t)m->n_layer * (uint64_t)m->n_ff &&
                          gguf_get_uint(&m->gguf, REORDER_KEY_CALIB_TOKENS, &tokens) && tokens > 0;
-    const uint32_t *counts = data;
+    const uint8_t *counts = data; /* u32s at any alignment in the file: read by memcpy */
     for (int c = 0; c < n; c++) {
         long n0, n1;
         ffn_chunk_range(m, c, &n0, &n1);
         double firings = 0; /* per token, over the layers */
         if (counted) {
             for (int l = 0; l < m->n_layer; l++)
-                for (long i = n0; i < n1; i++) firings += counts[(size_t)l * (size_t)m->n_ff + (size_t)i];
+                for (long i = n0; i < n1; i++) {
+                    uint32_t count;
+                    memcpy(&count, counts + sizeof count * ((size_t)l * (size_t)m->n_ff + (size_t)i), sizeof count);
+                    firings += count;
+                }
             firings /= (double)tokens;
         } else {
             firings = DEFAULT_FIRING * (double)(n1 - n0) * m->n_layer;
