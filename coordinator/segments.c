@@ -7,20 +7,26 @@
 
 #include <stdlib.h>
 
-/* c->chunk_ranges: what a chunked FFN's DecodeTasks name for each worker. */
+/* c->chunk_ranges: what a chunked FFN's DecodeTasks name for each worker,
+ * neighbouring chunks as one range (start, length). */
 static int chunk_ranges_make(coord *c) {
     const model *m = &c->sv.m;
     const int n_chunks = ffn_chunk_count(m);
     int32_t *own = malloc(sizeof(int32_t) * (size_t)n_chunks);
     for (int i = 0; own && i < c->params.n_cpu_workers; i++) {
-        int n_own = chunk_split_worker(m, i, c->params.n_cpu_workers, own);
+        int n_own = chunk_split_worker(m, i, c->params.n_cpu_workers, own), n = 0;
         if (n_own < 0 || !(c->chunk_ranges[i] = malloc(sizeof(uint32_t) * 2 * (size_t)(n_own + 1)))) break;
+        uint32_t *r = c->chunk_ranges[i];
         for (int k = 0; k < n_own; k++) {
             long n0, n1;
             ffn_chunk_range(m, own[k], &n0, &n1);
-            c->chunk_ranges[i][2 * k] = (uint32_t)n0, c->chunk_ranges[i][2 * k + 1] = (uint32_t)(n1 - n0);
+            if (n > 0 && r[n - 2] + r[n - 1] == (uint32_t)n0) r[n - 1] += (uint32_t)(n1 - n0);
+            else r[n] = (uint32_t)n0, r[n + 1] = (uint32_t)(n1 - n0), n += 2;
         }
-        c->n_chunk_ranges[i] = 2 * n_own;
+        c->n_chunk_ranges[i] = n;
+        if (n_own > 0)
+            log_info("cpu-worker.%d: FFN chunks %d-%d of %d (neurons %u-%u)", i, own[0], own[n_own - 1], n_chunks, r[0],
+                     r[n - 2] + r[n - 1] - 1);
     }
     bool ok = own && (c->params.n_cpu_workers == 0 || c->chunk_ranges[c->params.n_cpu_workers - 1]);
     free(own);
