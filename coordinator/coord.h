@@ -78,9 +78,9 @@ typedef struct {
     tokenizer *tok;
     stack_params params;      /* as the control block had them when we attached */
     msg_limits lim;
-    /* each cpu-worker's FFN chunks (work_share) as (first neuron, count) pairs: a chunked
-     * FFN's DecodeTask cluster, made once at attach */
-    uint32_t *chunk_ranges[STACK_MAX_CPU_WORKERS];
+    /* each cpu-worker's FFN chunks (chunk_split.h) as one (first neuron, count) pair, or
+     * none (n_chunk_ranges 0): a chunked FFN's DecodeTask cluster, made once at attach */
+    uint32_t chunk_ranges[STACK_MAX_CPU_WORKERS][2];
     int n_chunk_ranges[STACK_MAX_CPU_WORKERS];
     /* the bus */
     bus_ctx *bus;

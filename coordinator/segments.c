@@ -5,33 +5,28 @@
 #include "coord.h"
 #include "log.h"
 
-#include <stdlib.h>
-
 /* c->chunk_ranges: what a chunked FFN's DecodeTasks name for each worker,
- * neighbouring chunks as one range (start, length). */
+ * its chunks as one range of neurons (start, length); none when it has none. */
 static int chunk_ranges_make(coord *c) {
     const model *m = &c->sv.m;
-    const int n_chunks = ffn_chunk_count(m);
-    int32_t *own = malloc(sizeof(int32_t) * (size_t)n_chunks);
-    for (int i = 0; own && i < c->params.n_cpu_workers; i++) {
-        int n_own = chunk_split_worker(m, i, c->params.n_cpu_workers, own), n = 0;
-        if (n_own < 0 || !(c->chunk_ranges[i] = malloc(sizeof(uint32_t) * 2 * (size_t)(n_own + 1)))) break;
-        uint32_t *r = c->chunk_ranges[i];
-        for (int k = 0; k < n_own; k++) {
-            long n0, n1;
-            ffn_chunk_range(m, own[k], &n0, &n1);
-            if (n > 0 && r[n - 2] + r[n - 1] == (uint32_t)n0) r[n - 1] += (uint32_t)(n1 - n0);
-            else r[n] = (uint32_t)n0, r[n + 1] = (uint32_t)(n1 - n0), n += 2;
-        }
-        c->n_chunk_ranges[i] = n;
-        if (n_own > 0)
-            log_info("cpu-worker.%d: FFN chunks %d-%d of %d (neurons %u-%u)", i, own[0], own[n_own - 1], n_chunks, r[0],
-                     r[n - 2] + r[n - 1] - 1);
+    const int n_workers = c->params.n_cpu_workers;
+    int bounds[STACK_MAX_CPU_WORKERS + 1];
+    if (chunk_split_model(m, n_workers, bounds)) {
+        log_error("out of memory");
+        return -1;
     }
-    bool ok = own && (c->params.n_cpu_workers == 0 || c->chunk_ranges[c->params.n_cpu_workers - 1]);
-    free(own);
-    if (!ok) log_error("out of memory");
-    return ok ? 0 : -1;
+    for (int i = 0; i < n_workers; i++) {
+        c->n_chunk_ranges[i] = 0;
+        if (bounds[i] == bounds[i + 1]) continue;
+        long n0, n1, last0;
+        ffn_chunk_range(m, bounds[i], &n0, &last0);
+        ffn_chunk_range(m, bounds[i + 1] - 1, &last0, &n1);
+        c->chunk_ranges[i][0] = (uint32_t)n0, c->chunk_ranges[i][1] = (uint32_t)(n1 - n0);
+        c->n_chunk_ranges[i] = 2;
+        log_info("cpu-worker.%d: FFN chunks %d-%d of %d (neurons %ld-%ld)", i, bounds[i], bounds[i + 1] - 1,
+                 ffn_chunk_count(m), n0, n1 - 1);
+    }
+    return 0;
 }
 
 int coord_attach(coord *c) {
@@ -51,10 +46,6 @@ int coord_attach(coord *c) {
 }
 
 void coord_detach(coord *c) {
-    for (int i = 0; i < STACK_MAX_CPU_WORKERS; i++) {
-        free(c->chunk_ranges[i]);
-        c->chunk_ranges[i] = NULL;
-    }
     tokenizer_free(c->tok);
     c->tok = NULL;
     stack_view_close(&c->sv);

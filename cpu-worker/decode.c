@@ -354,28 +354,25 @@ static void *alloc_zero(size_t n, size_t size, int *failed) {
  * own chunks (memory and time split over the workers). */
 static int build_down_t(decoder *d) {
     const model *m = d->m;
-    int32_t *own = calloc((size_t)d->n_chunks, sizeof *own), bad = !own;
-    int n_own = own ? chunk_split_worker(m, d->index, d->n_workers, own) : 0;
-    bad |= n_own < 0;
+    int bounds[STACK_MAX_CPU_WORKERS + 1] = {0}, bad = chunk_split_model(m, d->n_workers, bounds) != 0;
+    const int first = bounds[d->index], end = bounds[d->index + 1];
     d->down_t = alloc_zero((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
     uint64_t t0 = clock_us(), bytes = 0;
     for (int l = 0; l < m->n_layer && !bad; l++)
-        for (int k = 0; k < n_own && !bad; k++) {
-            long n0, n1, first;
+        for (int ch = first; ch < end && !bad; ch++) {
+            long n0, n1, row0;
             void *built;
-            weight *dt = &d->down_t[(size_t)l * d->n_chunks + (size_t)own[k]];
-            ffn_chunk_range(m, own[k], &n0, &n1);
-            if (ffn_down_t_for(&m->layers[l], n0, n1, dt, &first, &built)) bad = 1;
+            weight *dt = &d->down_t[(size_t)l * d->n_chunks + (size_t)ch];
+            ffn_chunk_range(m, ch, &n0, &n1);
+            if (ffn_down_t_for(&m->layers[l], n0, n1, dt, &row0, &built)) bad = 1;
             else bytes += (uint64_t)dt->rows * dt->row_bytes;
         }
-    const int first = n_own > 0 ? own[0] : 0;
-    free(own);
     if (bad) {
         log_error("out of memory building the neuron-major down rows of this worker's chunks");
         return -1;
     }
-    log_info("built neuron-major down rows of chunks %d-%d of %d: %.1f MB in %.2f s", first, first + n_own - 1,
-             d->n_chunks, bytes / 1e6, (clock_us() - t0) / 1e6);
+    log_info("built neuron-major down rows of chunks %d-%d of %d: %.1f MB in %.2f s", first, end - 1, d->n_chunks,
+             bytes / 1e6, (clock_us() - t0) / 1e6);
     return 0;
 }
 

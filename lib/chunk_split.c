@@ -41,33 +41,26 @@ void chunk_costs(const model *m, double *cost) {
     }
 }
 
-/* The boundary before worker k: the chunk boundary whose prefix cost is
- * nearest k / n_workers of the total. Monotonic in k, 0 for k = 0 and n for
- * k = n_workers. */
-static int boundary(const double *cost, int n, int k, int n_workers) {
+void chunk_split(const double *cost, int n, int n_workers, int *bounds) {
     double total = 0;
     for (int c = 0; c < n; c++) total += cost[c];
-    const double target = total * k / n_workers;
-    double prefix = 0;
+    double prefix = 0; /* of chunks [0, b) */
     int b = 0;
-    while (b < n && prefix + cost[b] / 2 < target) prefix += cost[b++];
-    return k == n_workers ? n : b;
+    bounds[0] = 0;
+    for (int k = 1; k < n_workers; k++) { /* past each chunk whose middle is short of k / n_workers of the total */
+        const double target = total * k / n_workers;
+        while (b < n && prefix + cost[b] / 2 < target) prefix += cost[b++];
+        bounds[k] = b;
+    }
+    bounds[n_workers] = n;
 }
 
-void chunk_split(const double *cost, int n, int worker, int n_workers, int *first, int *count) {
-    const int b0 = boundary(cost, n, worker, n_workers), b1 = boundary(cost, n, worker + 1, n_workers);
-    *first = b0;
-    *count = b1 - b0;
-}
-
-int chunk_split_worker(const model *m, int worker, int n_workers, int32_t *out) {
+int chunk_split_model(const model *m, int n_workers, int *bounds) {
     const int n = ffn_chunk_count(m);
     double *cost = malloc(sizeof(double) * (size_t)n);
     if (!cost) return -1;
     chunk_costs(m, cost);
-    int first, count;
-    chunk_split(cost, n, worker, n_workers, &first, &count);
+    chunk_split(cost, n, n_workers, bounds);
     free(cost);
-    for (int k = 0; k < count; k++) out[k] = first + k;
-    return count;
+    return 0;
 }

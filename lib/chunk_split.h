@@ -18,14 +18,13 @@
  * wrong shape) every neuron fires alike. */
 void chunk_costs(const model *m, double *cost);
 
-/* Worker `worker` of n_workers: chunks [*first, *first + *count) of the n
- * chunks of cost[]. Contiguous, in order, covering [0, n) once; each range
- * ends at the chunk boundary nearest its share of the total. */
-void chunk_split(const double *cost, int n, int worker, int n_workers, int *first, int *count);
+/* bounds[0..n_workers]: worker w gets chunks [bounds[w], bounds[w + 1]) of
+ * the n chunks of cost[]. Contiguous, in order, covering [0, n) once; each
+ * range ends at the chunk boundary nearest its share of the total. */
+void chunk_split(const double *cost, int n, int n_workers, int *bounds);
 
-/* The chunks of worker `worker` of n_workers into out[] (room for
- * ffn_chunk_count(m)), ascending; returns how many, or -1 out of memory.
- * Every process computes the same deal from the same file. */
-int chunk_split_worker(const model *m, int worker, int n_workers, int32_t *out);
+/* chunk_split of m's chunks by chunk_costs into bounds[0..n_workers]; 0, or
+ * -1 out of memory. Every process computes the same deal from the same file. */
+int chunk_split_model(const model *m, int n_workers, int *bounds);
 
 #endif

@@ -66,8 +66,7 @@ static void axpy_f16(const void *w, size_t stride, const int32_t *idx, const flo
 }
 
 static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n,
-                      const sparse_then *then) {
+                      int n, const sparse_then *then) {
     (void)then; /* a prefetch hint */
     for (int k = 0; k < count; k++) {
         const block_q8_0 *row = (const block_q8_0 *)((const char *)w + (size_t)idx[k] * stride);
@@ -89,8 +88,7 @@ static float q4_axpy_quantize(const float *cd, int rows, int8_t *c) {
 }
 
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
-                      int n,
-                      const sparse_then *then) {
+                      int n, const sparse_then *then) {
     (void)then; /* a prefetch hint */
     for (int k0 = 0; k0 < count; k0 += AXPY_Q4_GROUP) {
         const int rows = count - k0 < AXPY_Q4_GROUP ? count - k0 : AXPY_Q4_GROUP;

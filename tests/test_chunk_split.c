@@ -27,10 +27,10 @@ static int nearest_boundary(const double *cost, int n, double target) {
 static void check_split(const char *what, const double *cost, int n, int nw) {
     double total = 0;
     for (int c = 0; c < n; c++) total += cost[c];
-    int expect_first = 0, ok = 1;
+    int expect_first = 0, ok = 1, bounds[6];
+    chunk_split(cost, n, nw, bounds);
     for (int w = 0; w < nw; w++) {
-        int first = -1, count = -1;
-        chunk_split(cost, n, w, nw, &first, &count);
+        const int first = bounds[w], count = bounds[w + 1] - bounds[w];
         const int end = w == nw - 1 ? n : nearest_boundary(cost, n, total * (w + 1) / nw);
         ok &= first == expect_first && count >= 0 && first + count == end;
         expect_first = first + count;
@@ -53,8 +53,9 @@ static void test_split(void) {
     /* two workers, four hot chunks of 10 and 18 of 1: half the total (29) is
      * nearest the boundary after three hot chunks */
     for (int c = 0; c < 22; c++) cost[c] = c < 4 ? 10.0 : 1.0;
-    int first, count;
-    chunk_split(cost, 22, 0, 2, &first, &count);
+    int bounds[3];
+    chunk_split(cost, 22, 2, bounds);
+    const int first = bounds[0], count = bounds[1] - bounds[0];
     CHECK(first == 0 && count == 3, "hot first: worker 0 got chunks %d+%d, not 0+3", first, count);
 }
 
@@ -140,17 +141,16 @@ static void test_costs(void) {
     CHECK(even, "without counts (or with counts of the wrong shape) the costs do not follow the neurons");
 }
 
-/* chunk_split_worker on a model without counts: equal ranges, in order. */
+/* chunk_split_model on a model without counts: equal ranges, in order. */
 static void test_worker_chunks(void) {
     counted_model cm;
     counted_model_make(&cm, 4, 11008, NULL, 0, 0);
     const int n = ffn_chunk_count(&cm.m);
-    int32_t list[64];
-    int next = 0, ok = n == 22;
-    for (int w = 0; w < 2; w++) {
-        const int k = chunk_split_worker(&cm.m, w, 2, list);
+    int bounds[3], next = 0, ok = n == 22 && chunk_split_model(&cm.m, 2, bounds) == 0;
+    for (int w = 0; ok && w < 2; w++) {
+        const int k = bounds[w + 1] - bounds[w];
         ok &= k == 11;
-        for (int i = 0; i < k; i++) ok &= list[i] == next++;
+        for (int i = 0; i < k; i++) ok &= bounds[w] + i == next++;
     }
     CHECK(ok && next == n, "7B shape, two workers: not chunks 0-10 and 11-21");
 }
