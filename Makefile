@@ -19,7 +19,7 @@ DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libur
 
 PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_C   := $(PROTO_SRC:proto/%.proto=$(BUILD)/proto/%.pb-c.c)
-LIB_SRC   := $(wildcard lib/*.c)
+LIB_SRC   := $(wildcard lib/*.c lib/*/*.c)
 TOOL_SRC  := $(wildcard tools/*.c)
 # each process folder's *.c files make one program: build/bin/<folder>
 PROC_DIRS := coordinator npu-worker cpu-worker io-worker cachemgr planner
@@ -36,7 +36,7 @@ TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIBPI2    := $(BUILD)/libpi2.a
 
 # SIMD kernels are compiled per file for their ISA and chosen at run time.
-# Any lib/*_avx2.c / lib/*_avx512.c file gets its ISA's flags.
+# Any lib/**/*_avx2.c / *_avx512.c file gets its ISA's flags.
 $(BUILD)/lib/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 $(BUILD)/lib/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
@@ -62,7 +62,8 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # protobuf-c sources are generated into the build tree; every object may include them.
-$(BUILD)/proto/%.pb-c.c $(BUILD)/proto/%.pb-c.h: proto/%.proto
+# (after check-deps: on a fresh machine protoc-c arrives with the packages)
+$(BUILD)/proto/%.pb-c.c $(BUILD)/proto/%.pb-c.h: proto/%.proto | check-deps
 	@mkdir -p $(dir $@)
 	protoc-c --proto_path=proto --c_out=$(BUILD)/proto $<
 

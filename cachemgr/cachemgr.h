@@ -8,10 +8,10 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "proc_stop.h"
-#include "shm.h"
-#include "stack.h"
+#include "engine/model.h"
+#include "stack/proc_stop.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
 
 enum { SEG_WEIGHTS, SEG_KV, SEG_ACT, SEG_CTL, SEG_COUNT };
 

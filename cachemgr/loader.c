@@ -9,12 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bus.h"
+#include "stack/bus.h"
 #include "cachemgr.h"
-#include "clock.h"
-#include "log.h"
-#include "msg.h"
-#include "rundir.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "stack/msg.h"
+#include "stack/rundir.h"
 
 #define READ_BYTES (4u << 20)  /* one read; a multiple of 4096, so O_DIRECT stays aligned */
 #define READS_PER_BATCH 8u

@@ -10,10 +10,10 @@
 #include <unistd.h>
 
 #include "cachemgr.h"
-#include "cli.h"
-#include "log.h"
-#include "predictor.h"
-#include "rundir.h"
+#include "util/cli.h"
+#include "util/log.h"
+#include "engine/predictor.h"
+#include "stack/rundir.h"
 
 #define BEAT_MS 100
 #define EXIT_CONFIG 78 /* sysexits.h EX_CONFIG: the supervisor does not restart a process that says this */
@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_CPU: if (cli_parse_int(optarg, "--cpu-workers", 1, STACK_MAX_CPU_WORKERS, &o->cpu_workers)) return -1; break;
         case OPT_PREFILL: if (cli_parse_int(optarg, "--max-prefill", 1, 1 << 20, &o->max_prefill)) return -1; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
-        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
+        case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
         case OPT_PREDICTOR: o->predictor = optarg; break;
         case OPT_SMALL_PAGES: o->small_pages = true; break;
         case 'h': usage(stdout); exit(0);

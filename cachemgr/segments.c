@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "cachemgr.h"
-#include "clock.h"
-#include "log.h"
+#include "util/clock.h"
+#include "util/log.h"
 
 typedef struct {
     const char *what;

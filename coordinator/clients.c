@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "coord.h"
-#include "log.h"
+#include "util/log.h"
 
 void gen_request_clear(gen_request *r) {
     free(r->prompt);

@@ -12,13 +12,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "bus.h"
-#include "model.h"
-#include "msg.h"
-#include "shm.h"
-#include "stack.h"
-#include "stack_attach.h"
-#include "tokenizer.h"
+#include "stack/bus.h"
+#include "engine/model.h"
+#include "stack/msg.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
+#include "stack/stack_attach.h"
+#include "engine/tokenizer.h"
 
 #define COORD_DEAD_MS 1000        /* a worker silent on the bus and in its ctl row for this long is lost */
 #define COORD_BEAT_MS 100         /* our ctl row */

@@ -4,10 +4,10 @@
  * wait built on it keeps the stack's bookkeeping going. */
 #include <stdlib.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "coord.h"
-#include "log.h"
-#include "rundir.h"
+#include "util/log.h"
+#include "stack/rundir.h"
 
 static bus_socket *bind_router(coord *c, const char *dir, const char *kind) {
     char ep[BUS_ENDPOINT_MAX];

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "coord.h"
-#include "log.h"
-#include "sampler.h"
+#include "util/log.h"
+#include "engine/sampler.h"
 
 /* The prompt's positions, always with a dense FFN (as pi2-ref's prompt): on
  * the npu-worker in chunks of max_prefill when it is up, else (or once it is

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "util/cli.h"
 #include "coord.h"
-#include "log.h"
-#include "proc_stop.h"
+#include "util/log.h"
+#include "stack/proc_stop.h"
 
 static void usage(FILE *f) {
     fprintf(f,

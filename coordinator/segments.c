@@ -1,9 +1,9 @@
 /* The coordinator's view of the stack: lib/stack_attach's (segments, model
  * rebased into the weights, our ctl row claimed while the weights load) plus
  * the tokenizer and the limits of the workers' messages. */
-#include "chunk_split.h"
+#include "engine/chunk_split.h"
 #include "coord.h"
-#include "log.h"
+#include "util/log.h"
 
 /* c->chunk_ranges: what a chunked FFN's DecodeTasks name for each worker,
  * its chunks as one range of neurons (start, length); none when it has none. */

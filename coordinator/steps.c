@@ -7,10 +7,10 @@
  * sequence numbers and are ignored (workers.c). */
 #include <string.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "coord.h"
-#include "kernels.h"
-#include "log.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
 
 #define PUMP_MS 50
 

@@ -13,9 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "coord.h"
-#include "log.h"
+#include "util/log.h"
 
 #define NPU_NAME "npu-worker"
 

@@ -5,16 +5,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chunk_queue.h"
-#include "chunk_split.h"
-#include "clock.h"
-#include "kernels.h"
-#include "log.h"
+#include "stack/chunk_queue.h"
+#include "engine/chunk_split.h"
+#include "util/clock.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
 #include "phase_clock.h"
-#include "predictor.h"
-#include "sparse_kernels.h"
-#include "worker_link.h"
-#include "threadpool.h"
+#include "engine/predictor.h"
+#include "kernels/sparse_kernels.h"
+#include "stack/worker_link.h"
+#include "util/threadpool.h"
 
 struct decoder {
     const stack_view *sv;

@@ -10,9 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "ffn_chunks.h"
+#include "engine/ffn_chunks.h"
 
-#include "stack_attach.h"
+#include "stack/stack_attach.h"
 
 /* Longest a worker waits at a barrier for the others. A dead peer normally
  * releases it sooner: the coordinator starts a new epoch. */

@@ -7,13 +7,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "clock.h"
+#include "util/cli.h"
+#include "util/clock.h"
 #include "decode.h"
-#include "log.h"
-#include "stack_attach.h"
-#include "worker_args.h"
-#include "worker_link.h"
+#include "util/log.h"
+#include "stack/stack_attach.h"
+#include "stack/worker_args.h"
+#include "stack/worker_link.h"
 
 /* After a task, how long to poll for the next one before sleeping: it
  * covers the coordinator's turn between two tokens (0.7-1.2 ms measured). */

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
+#include "util/clock.h"
+#include "util/log.h"
 
 static const char *const phase_names[PHASE_COUNT] = {
     "attention", "wait", "attn-out", "wait", "pred-hidden", "wait", "ffn", "wait", "ffn-out", "wait", "output",

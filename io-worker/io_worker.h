@@ -8,10 +8,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "bus.h"
-#include "proc_stop.h"
-#include "shm.h"
-#include "stack.h"
+#include "stack/bus.h"
+#include "stack/proc_stop.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
 #include "uring_reader.h"
 
 typedef struct {

@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "io_worker.h"
-#include "cli.h"
-#include "log.h"
-#include "msg.h"
-#include "rundir.h"
+#include "util/cli.h"
+#include "util/log.h"
+#include "stack/msg.h"
+#include "stack/rundir.h"
 
 #define WEIGHTS_WAIT_MS (120 * 1000) /* cachemgr prefaults several GB before the segment appears */
 

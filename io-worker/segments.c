@@ -6,9 +6,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "io_worker.h"
-#include "log.h"
+#include "util/log.h"
 
 #define CTL_RETRY_MS 200
 

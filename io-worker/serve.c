@@ -5,10 +5,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "io_worker.h"
-#include "log.h"
-#include "msg.h"
+#include "util/log.h"
+#include "stack/msg.h"
 
 static void reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
     size_t len;

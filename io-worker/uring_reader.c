@@ -11,8 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
+#include "util/clock.h"
+#include "util/log.h"
 
 /* O_DIRECT needs block-aligned offsets, lengths and buffers; the page size
  * covers every logical block size we may meet. */

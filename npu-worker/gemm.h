@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "ops.h"
+#include "engine/ops.h"
 
 /* Bytes of weights per tile: a quarter of a 1 MiB L2, leaving room for activations. */
 #define GEMM_TILE_BYTES (256u << 10)

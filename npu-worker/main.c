@@ -8,12 +8,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
+#include "util/clock.h"
+#include "util/log.h"
 #include "prefill.h"
-#include "stack_attach.h"
-#include "worker_args.h"
-#include "worker_link.h"
+#include "stack/stack_attach.h"
+#include "stack/worker_args.h"
+#include "stack/worker_link.h"
 
 static void usage(FILE *f) {
     fputs("usage: npu-worker -m MODEL.gguf [-r RUNID] [-t THREADS]\n"

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "gemm.h"
-#include "kernels.h"
-#include "log.h"
-#include "threadpool.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
+#include "util/threadpool.h"
 
 struct prefiller {
     const stack_view *sv;

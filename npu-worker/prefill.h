@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "stack_attach.h"
+#include "stack/stack_attach.h"
 
 typedef struct prefiller prefiller;
 

@@ -53,7 +53,7 @@ now_ms() { local us=${EPOCHREALTIME/./}; echo $((10#$us / 1000)); }
 
 valid_run() { [[ $1 =~ ^[A-Za-z0-9_.-]+$ ]]; }
 
-# The run directory, by lib/rundir.c's rule: $XDG_RUNTIME_DIR/pi2-RUN when
+# The run directory, by lib/stack/rundir.c's rule: $XDG_RUNTIME_DIR/pi2-RUN when
 # that is an absolute path to a directory, else /tmp/pi2-<uid>-RUN.
 run_dir() {
     if [[ ${XDG_RUNTIME_DIR:-} == /* && -d ${XDG_RUNTIME_DIR} ]]; then

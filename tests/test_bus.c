@@ -2,9 +2,9 @@
  * trips between processes, size limits, garbage frames, timeouts, EINTR,
  * heartbeats; prints the ipc round-trip latency and the per-message cost of
  * 8 KiB batches (measured, not asserted). Leaves nothing in the run dir. */
-#include "bus.h"
-#include "clock.h"
-#include "rundir.h"
+#include "stack/bus.h"
+#include "util/clock.h"
+#include "stack/rundir.h"
 #include "test.h"
 
 #include <dirent.h>

@@ -1,4 +1,4 @@
-/* lib/chunk_queue.c: what an owner takes from the front and others steal from
+/* lib/stack/chunk_queue.c: what an owner takes from the front and others steal from
  * the back, tags that keep steps apart, and, under threads racing on one
  * queue for thousands of steps, every chunk taken exactly once. */
 #include <pthread.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chunk_queue.h"
+#include "stack/chunk_queue.h"
 #include "test.h"
 
 #define CAP 40

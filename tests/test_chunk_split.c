@@ -1,4 +1,4 @@
-/* lib/chunk_split.c: the FFN chunks dealt to the workers in contiguous
+/* lib/engine/chunk_split.c: the FFN chunks dealt to the workers in contiguous
  * ranges balanced by cost. The split is checked against an exhaustive
  * search for each boundary (the chunk boundary nearest the worker's share),
  * the costs against sums made here from the counts the test writes. */
@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chunk_split.h"
-#include "ffn_chunks.h"
-#include "gguf.h"
-#include "reorder.h"
+#include "engine/chunk_split.h"
+#include "engine/ffn_chunks.h"
+#include "gguf/gguf.h"
+#include "calib/reorder.h"
 #include "test.h"
 
 /* The smallest b whose prefix cost is nearest target. */

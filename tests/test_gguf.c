@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "gguf/gguf.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

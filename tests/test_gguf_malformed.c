@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "gguf/gguf.h"
 #include "test.h"
 
 typedef struct {

@@ -3,11 +3,11 @@
  * pread reads them; reads outside the file or the segment are refused with an
  * Error; garbage frames and foreign messages are dropped without a crash; a
  * valid batch still works afterwards; SIGTERM exits 0. */
-#include "bus.h"
-#include "msg.h"
-#include "rundir.h"
-#include "shm.h"
-#include "stack.h"
+#include "stack/bus.h"
+#include "stack/msg.h"
+#include "stack/rundir.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
 #include "test.h"
 
 #include <errno.h>

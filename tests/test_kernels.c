@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "f16.h"
-#include "kernels.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
 #include "rng.h"
 #include "test.h"
 

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "msg.h"
+#include "util/clock.h"
+#include "stack/msg.h"
 #include "test.h"
 
 /* A 7B-shaped receiver. */

@@ -8,11 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "model.h"
+#include "engine/engine.h"
+#include "engine/model.h"
 #include "oracle.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 #include "test.h"
 
 typedef struct {
@@ -42,7 +42,7 @@ typedef struct {
 /* avx512-exact with the engine's llama.cpp compatibility (engine.h) computes
  * as llama.cpp does: each generated token as it computes a token alone, and
  * the prompt as its batch (tinyBLAS order for the F32 matrix products and the
- * attention products, lib/tinyblas.h). stories260K, synth-f32, synth-q8_0 and
+ * attention products, lib/kernels/tinyblas.h). stories260K, synth-f32, synth-q8_0 and
  * synth-q4_0 p1/p2 agree to the oracle's printed digits over every step
  * (|dlogit| <= 1.9e-6). What is left: */
 static const deviation exact_deviations[] = {

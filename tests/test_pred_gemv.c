@@ -1,4 +1,4 @@
-/* The predictor gemv (lib/pred_gemv.h): the AVX2 and AVX-512 versions give
+/* The predictor gemv (lib/kernels/pred_gemv.h): the AVX2 and AVX-512 versions give
  * the scalar reference's bits, for row counts around their row blocking (1 to
  * 40 rows: full and partial passes), lengths around the 16- and 32-element
  * steps up to and past the first stage's 4096 (where AVX-512 changes its
@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "f16.h"
-#include "kernels.h"
-#include "pred_gemv.h"
-#include "synth_rng.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
+#include "kernels/pred_gemv.h"
+#include "util/synth_rng.h"
 #include "test.h"
 
 #define MAX_ROWS 40

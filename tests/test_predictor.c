@@ -8,10 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels.h"
-#include "model.h"
-#include "predictor.h"
-#include "synth_rng.h"
+#include "kernels/kernels.h"
+#include "engine/model.h"
+#include "calib/predictor_build.h"
+#include "util/synth_rng.h"
 #include "mkmodel_run.h"
 #include "test.h"
 

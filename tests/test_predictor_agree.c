@@ -17,14 +17,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "model.h"
-#include "predictor.h"
-#include "predictor_agree.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "calib/predictor_build.h"
+#include "calib/predictor_agree.h"
 #include "mkmodel_run.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/sampler.h"
 
 /* Short prompts (2-9 tokens in mkmodel's vocabulary) so that most teacher-forced
  * steps follow dense's generated tokens; the budget ends inside the last prompt. */

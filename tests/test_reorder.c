@@ -1,4 +1,4 @@
-/* Hot-neuron layout (lib/reorder.h) on mkmodel's planted ReLU models: the
+/* Hot-neuron layout (lib/calib/reorder.h) on mkmodel's planted ReLU models: the
  * order itself on hand-made counts, the copy's tensors against the original's
  * (every gate/up/down_t/fc2 row and down column where the order says, the rest
  * untouched), the same greedy tokens and logits within rounding in dense and
@@ -12,15 +12,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "kernels.h"
-#include "model.h"
-#include "predictor.h"
-#include "reorder.h"
-#include "synth_rng.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "engine/model.h"
+#include "calib/predictor_build.h"
+#include "calib/reorder.h"
+#include "util/synth_rng.h"
 #include "mkmodel_run.h"
 #include "test.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 static char tmpdir[256];
 

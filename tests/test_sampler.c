@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "sampler.h"
+#include "util/clock.h"
+#include "engine/sampler.h"
 #include "test.h"
 
 static uint64_t test_rng = 0x9e3779b97f4a7c15ull;

@@ -2,8 +2,8 @@
  * refusal of hostile or truncated headers, generation counter across
  * processes, cross-process data, cleanup by prefix. Every segment uses a run
  * id with our pid and is removed at exit, also when a check fails. */
-#include "clock.h"
-#include "shm.h"
+#include "util/clock.h"
+#include "stack/shm.h"
 #include "test.h"
 
 #include <errno.h>

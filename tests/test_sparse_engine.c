@@ -1,4 +1,4 @@
-/* Gate-first sparse FFN in the reference engine (issue 4), on mkmodel ReLU
+/* Gate-first sparse FFN in the reference engine, on mkmodel ReLU
  * models (F32, Q4_0, PowerInfer PWRI with ffn_down_t), against the dense path,
  * over 40 greedy tokens after several prompts (both fed dense's tokens):
  *   - PWRI: the same logits bit for bit (same rows, same order, same threads);
@@ -20,12 +20,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "model.h"
-#include "predictor.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/predictor.h"
 #include "mkmodel_run.h"
 #include "test.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 /* Largest |logit difference| / max |dense logit| allowed. Both paths compute
  * hb bit for bit and differ in the down projection only:

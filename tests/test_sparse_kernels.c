@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "f16.h"
-#include "kernels.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
 #include "rng.h"
-#include "sparse_kernels.h"
+#include "kernels/sparse_kernels.h"
 #include "test.h"
 
 #define UNIT_ROUNDOFF 0x1p-24 /* float's unit roundoff */

@@ -10,9 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "util/clock.h"
 #include "oracle.h"
-#include "stack.h"
+#include "stack/stack.h"
 #include "test.h"
 
 static void oracle_path(char *buf, size_t len, const char *file) { snprintf(buf, len, "%s/oracle/%s", shared_dir(), file); }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sparse decode in the whole stack (issue 4), real processes, on small models
+# Sparse decode in the whole stack, real processes, on small models
 # made by mkmodel: in every FFN mode a stack allows (dense, gate-first,
 # predictor), with 2 cpu-workers and with 1, `pi2 run`'s greedy text is
 # byte-identical to pi2-ref's in the same mode; `pi2 up`'s auto mode is the

@@ -1,4 +1,4 @@
-/* tinyBLAS order (lib/tinyblas.h): the AVX-512 dots equal the scalar
+/* tinyBLAS order (lib/kernels/tinyblas.h): the AVX-512 dots equal the scalar
  * reference bit for bit, the reference is a dot product (against a double
  * sum), and its summation order is tinyBLAS's, not ggml's vec_dot one. */
 #include <math.h>
@@ -6,10 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "f16.h"
-#include "kernels.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
 #include "rng.h"
-#include "tinyblas.h"
+#include "kernels/tinyblas.h"
 #include "test.h"
 
 static int bits_equal(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }

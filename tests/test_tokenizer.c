@@ -6,11 +6,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "gguf.h"
+#include "util/clock.h"
+#include "gguf/gguf.h"
 #include "oracle.h"
 #include "test.h"
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 #define MAX_TOKENS 4096
 

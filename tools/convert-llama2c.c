@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "kernels.h"
-#include "log.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
 
 typedef struct {
     const uint8_t *base;

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "log.h"
+#include "gguf/gguf.h"
+#include "util/log.h"
 
 #define ARRAY_PREVIEW 8   /* array elements shown without --all */
 #define STRING_PREVIEW 96 /* string bytes shown without --all */

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "f16.h"
-#include "kernels.h"
-#include "log.h"
-#include "pred_gemv.h"
+#include "util/clock.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
+#include "kernels/pred_gemv.h"
 
 typedef struct {
     const char *name;

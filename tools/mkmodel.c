@@ -8,15 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "ggml_types.h"
-#include "gguf.h"
-#include "kernels.h"
-#include "log.h"
-#include "synth_model.h"
-#include "synth_vocab.h"
-#include "synth_measure.h"
-#include "threadpool.h"
+#include "util/clock.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
+#include "synth/synth_model.h"
+#include "synth/synth_vocab.h"
+#include "synth/synth_measure.h"
+#include "util/threadpool.h"
 
 enum { T_EMBD, T_ATTN, T_FFN, T_OUTPUT, T_GROUPS };
 

@@ -9,15 +9,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bus.h"
-#include "cli.h"
-#include "clock.h"
-#include "ffn_chunks.h"
-#include "log.h"
-#include "msg.h"
-#include "rundir.h"
-#include "shm.h"
-#include "stack.h"
+#include "stack/bus.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "engine/ffn_chunks.h"
+#include "util/log.h"
+#include "stack/msg.h"
+#include "stack/rundir.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
 
 #define POLL_SLICE_MS 250
 #define COORDINATOR_DEAD_MS 2000 /* its ctl row unbeaten this long: it is gone */
@@ -71,7 +71,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPK: if (cli_parse_int(optarg, "--top-k", 0, 1 << 24, &o->top_k)) return -1; break;
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
-        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, NULL)) return -1; o->ffn_given = true; break;
+        case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, NULL)) return -1; o->ffn_given = true; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--timeout", 1, 86400, &o->timeout_s)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;

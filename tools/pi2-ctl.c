@@ -15,12 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "log.h"
-#include "rundir.h"
-#include "shm.h"
-#include "stack.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "stack/rundir.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
 
 static void usage(FILE *f) {
     fprintf(f,

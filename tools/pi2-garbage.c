@@ -14,9 +14,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "cli.h"
-#include "log.h"
-#include "msg.h"
+#include "util/cli.h"
+#include "util/log.h"
+#include "stack/msg.h"
 
 typedef struct {
     void *sock;

@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "log.h"
-#include "model.h"
-#include "predictor.h"
-#include "predictor_agree.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "engine/model.h"
+#include "calib/predictor_build.h"
+#include "calib/predictor_agree.h"
 
 static void usage(FILE *f) {
     fprintf(f,

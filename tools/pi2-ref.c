@@ -6,15 +6,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "engine.h"
-#include "kernels.h"
-#include "log.h"
-#include "model.h"
-#include "predictor.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
+#include "engine/model.h"
+#include "engine/predictor.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 
 typedef struct {
     const char *model_path, *prompt;
@@ -85,7 +85,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TOPP: if (cli_parse_float(optarg, "--top-p", &o->top_p)) return -1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_LOAD: o->load = 1; break;
-        case OPT_FFN: if (cli_parse_ffn_mode(optarg, "--ffn", &o->ffn, NULL)) return -1; ffn_given = 1; break;
+        case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, NULL)) return -1; ffn_given = 1; break;
         case OPT_PREDICTOR: o->predictor_path = optarg; break;
         case OPT_LLAMA: o->llama_compat = 1; break;
         case 'h': usage(stdout); exit(0);

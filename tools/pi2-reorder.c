@@ -1,17 +1,17 @@
 /* pi2-reorder: write a copy of a ReLU model with each layer's FFN neurons
  * renumbered by descending firing frequency on calibration prompts, so the hot
- * neurons are contiguous (lib/reorder.h, docs/sparse.md). */
+ * neurons are contiguous (lib/calib/reorder.h, docs/sparse.md). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "log.h"
-#include "model.h"
-#include "predictor.h"
-#include "reorder.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "engine/model.h"
+#include "calib/predictor_build.h"
+#include "calib/reorder.h"
 
 typedef struct {
     const char *in, *out;

@@ -16,7 +16,7 @@
  * spare (Q4_0 gathers read ~10-45% faster on them here). By default the
  * weights are a shared-memory object mapped MAP_SHARED on 4 KiB pages (shmem
  * THP is off on the target machine), as the stack's segments were until they
- * moved to 2 MiB pages (lib/shm.c, MADV_COLLAPSE); -P thp is what the stack
+ * moved to 2 MiB pages (lib/stack/shm.c, MADV_COLLAPSE); -P thp is what the stack
  * gets now, -P 4k private 4 KiB pages; the share of the weights actually on
  * huge pages is printed. */
 #include <errno.h>
@@ -29,13 +29,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "f16.h"
-#include "cli.h"
-#include "clock.h"
-#include "ffn_chunks.h"
-#include "kernels.h"
-#include "log.h"
-#include "sparse_kernels.h"
+#include "gguf/f16.h"
+#include "util/cli.h"
+#include "util/clock.h"
+#include "engine/ffn_chunks.h"
+#include "kernels/kernels.h"
+#include "util/log.h"
+#include "kernels/sparse_kernels.h"
 
 #define DESIGN_READ_GBPS 16.5 /* one core's read bandwidth, DESIGN.md */
 #define ACTIVE_SETS 8 /* random active sets per layer, cycled so no set is still cached when it returns */

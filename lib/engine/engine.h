@@ -1,0 +1,77 @@
+/* The reference forward pass: one token at a time through all layers, with
+ * a KV cache, split over a pool of threads. The oracle for the whole stack. */
+#ifndef PI2_ENGINE_H
+#define PI2_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "engine/ffn_chunks.h"
+#include "engine/model.h"
+
+typedef struct engine engine;
+
+/* n_ctx <= 0: the model's training context. Kernels: kernels_best(). */
+engine *engine_new(const model *m, int n_threads, int n_ctx, char *err, size_t errlen);
+/* The same with a given kernel table (e.g. kernels_by_name("avx512-exact")). */
+engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads, int n_ctx, char *err,
+                                size_t errlen);
+void engine_free(engine *e);
+int engine_n_ctx(const engine *e);
+
+/* Run token at position pos (0-based; positions must be fed in order) and
+ * return the logits [n_vocab], valid until the next call. */
+float *engine_forward(engine *e, int token, int pos);
+
+/* Run the prompt tokens[0..n) at positions 0..n-1 (a fresh sequence) and
+ * return the last one's logits, as engine_forward; NULL on a bad token or n.
+ * Token by token, unless llama.cpp compatibility is on (below). */
+float *engine_prefill(engine *e, const int *tokens, int n);
+
+/* llama.cpp compatibility, to show agreement with its outputs (build 4748, CPU
+ * backend: ../shared/oracle) to the last printed digit with the avx512-exact
+ * kernels (tests/test_oracle.c). On: F32 dot products and SiLU as ggml computes
+ * them (lib/engine/ops_llama.h), and engine_prefill runs the prompt as llama.cpp runs
+ * one batch: F32 matrix products and attention's K.q and V.p in llamafile's
+ * tinyBLAS order where its sgemm takes them (lib/kernels/tinyblas.h), and after the
+ * last layer's attention only the last token. The FFN observer and firing
+ * counts then see only what runs as a single token. Not the product's order
+ * (a token must get the same bits alone or in a batch: docs/stack.md); off by
+ * default. SiLU models with the dense FFN only. Returns 0, or -1 with a message. */
+int engine_set_llama_compat(engine *e, bool on, char *err, size_t errlen);
+
+/* FFN firing statistics: while counts is non-NULL, counts[l * n_ff + i] is
+ * incremented whenever neuron i of layer l has a non-zero activation
+ * (act(gate) != 0 for ReLU models; |silu(gate)*up| > 0 is always true for SiLU). */
+void engine_count_firing(engine *e, uint32_t *counts);
+
+/* How the FFN is computed (lib/engine/ffn_mode.h, ffn_chunks.h). FFN_DENSE on a model
+ * with an ffn_down matrix: the dense matrix-vector products. Every other case
+ * (gate-first, predictor, or dense on a PWRI file that has only ffn_down_t)
+ * runs the chunked sparse FFN, whose result does not depend on the thread count.
+ * Gate-first and predictor need neuron-major down rows: the file's ffn_down_t
+ * or, built here once, a transpose of ffn_down (F32 / F16 for F32 / F16 models,
+ * exact values; Q8_0 for quantized ones, a requantization that moves the logits by
+ * ~1% of their scale, so greedy tokens can differ from dense at near ties; 1.5
+ * GB for a 7B Q4_0 model). Gate-first: ReLU models only. Predictor: p (owned
+ * by the caller, for this model); on a SiLU model it is the approximate mode.
+ * Returns 0, or -1 with a message. */
+int engine_set_ffn_mode(engine *e, ffn_mode mode, const predictor *p, char *err, size_t errlen);
+/* The last engine_forward's FFN work over all layers: neurons whose gate and
+ * up were computed, neurons with a non-zero activation (dense: all computed),
+ * and weight bytes the FFN read (predictor included). */
+typedef struct {
+    uint64_t computed, active, bytes;
+} engine_ffn_stats_t;
+void engine_ffn_stats(const engine *e, engine_ffn_stats_t *st);
+
+/* Offline tools (predictor builder, statistics) observe each layer's FFN:
+ * called from the calling thread once per layer per token with the residual
+ * before the FFN norm, the FFN input rmsnorm(x)*ffn_norm ([n_embd] each) and
+ * the gate pre-activations [n_ff]. Costs an extra gate product; fn NULL stops. */
+typedef void (*ffn_observer)(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate);
+void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx);
+
+#endif

@@ -1,0 +1,72 @@
+/* The forward pass's building blocks, shared by the reference engine and the
+ * stack's workers so that both compute bit-identical results: a row computed
+ * by any process or thread is the same dot product in the same order. */
+#ifndef PI2_OPS_H
+#define PI2_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "engine/model.h"
+#include "kernels/tinyblas.h"
+
+/* An activation vector converted for every weight type that may read it. */
+typedef struct {
+    const float *f32;
+    uint16_t *f16;       /* capacity >= n */
+    block_q8_0 *q8;      /* capacity >= n / 32 blocks */
+} act_vec;
+
+/* Convert x[0..n) for the weights ws[0..nw) (to F16 and/or Q8_0 as their types need). */
+void act_convert_for(const kernels *k, act_vec *a, const float *x, int n, const weight *const *ws, int nw);
+
+float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in);
+/* out[r] = W[r] . in for r in [r0, r1) */
+void matvec_rows(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
+/* the same into out[r - r0] */
+void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
+
+/* llama.cpp's RMSNorm: sum of squares in double, then scale, then the norm weight. */
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* GGUF llama RoPE: adjacent pairs, angles by repeated multiplication as ggml
+ * does. In two steps, since the angles depend on the position only:
+ * cs[head_dim] = cos, sin of each pair's angle at pos (the same for every head
+ * and layer), then the rotation of n_heads heads by them. */
+void rope_angles(float *cs, int head_dim, int pos, float base);
+void rope_apply(float *v, int n_heads, int head_dim, const float *cs);
+
+/* One layer's F16 KV cache: K as [n_ctx][kv_dim], V transposed as [kv_dim][n_ctx]. */
+typedef struct {
+    uint16_t *k;
+    uint16_t *v;
+    int n_ctx, kv_dim;
+} kv_layer;
+
+void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec);
+
+/* Attention for heads [h0, h1) at position pos (attending to 0..pos).
+ * q16: the query heads in F16 [n_head * head_dim]; scores / probs16: scratch of
+ * n_ctx per head (indexed by absolute head); out: [n_head * head_dim]. */
+void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const uint16_t *q16, int pos,
+                     float *scores, uint16_t *probs16, float *out, long h0, long h1);
+
+/* The same for the token at pos of a prompt batch at positions 0..n_batch-1
+ * (all in kv), as llama.cpp computes it: over the batch's KV length, with the
+ * K . q and V . p products in tinyBLAS order (tb) where llamafile's sgemm
+ * takes them. n_batch 1 (tb may be NULL): attention_heads. */
+void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_batch, const model *m,
+                           const kv_layer *kv, const uint16_t *q16, int pos, float *scores, uint16_t *probs16,
+                           float *out, long h0, long h1);
+
+/* hb[i] = act(gate_i . x) * (up_i . x) for neurons [i0, i1); counts[i]++ where hb[i] != 0 (counts may be NULL). */
+void ffn_act_rows(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
+                  long i0, long i1, uint32_t *counts);
+/* The same with other arithmetic (ops_llama.c): rows gives out[r - r0] = W[r] . in;
+ * silu gives h[i - i0] = silu(g) * u for neurons [i0, i1) of a layer of n_ff. */
+typedef void (*ffn_rows_fn)(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1);
+typedef void (*ffn_silu_fn)(const kernels *k, float *h, const float *g, const float *u, long i0, long i1, long n_ff);
+void ffn_act_rows_with(const kernels *k, const model *m, const layer_weights *w, const act_vec *in, float *hb,
+                       long i0, long i1, uint32_t *counts, ffn_rows_fn rows, ffn_silu_fn silu);
+
+#endif

@@ -1,0 +1,69 @@
+/* Run-time choice of the kernel set. The SIMD tables live in files compiled
+ * with their ISA flags; this file is baseline x86-64 so it can run the CPU
+ * checks before any of that code executes. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "util/log.h"
+
+/* defined in kernels_scalar.c, kernels_avx2.c, kernels_avx512.c */
+extern const kernels kernels_scalar_impl;
+extern const kernels kernels_avx2_impl;
+extern const kernels kernels_avx512_impl;
+extern const kernels kernels_avx512_exact_impl;
+
+const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
+
+const kernels *kernels_avx2(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return &kernels_avx2_impl;
+    return NULL;
+}
+
+/* the AVX-512 kernel files are compiled with these (plus the AVX2 set) and use VNNI */
+static int cpu_runs_avx512(void) {
+    __builtin_cpu_init();
+    return kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? &kernels_avx512_impl : NULL; }
+const kernels *kernels_avx512_exact(void) { return cpu_runs_avx512() ? &kernels_avx512_exact_impl : NULL; }
+
+const kernels *kernels_by_name(const char *name) {
+    if (strcmp(name, "scalar") == 0) return kernels_scalar();
+    if (strcmp(name, "avx2") == 0) return kernels_avx2();
+    if (strcmp(name, "avx512") == 0) return kernels_avx512();
+    if (strcmp(name, "avx512-exact") == 0) return kernels_avx512_exact();
+    return NULL;
+}
+
+static const kernels *chosen;
+
+static void choose_kernels(void) {
+    const kernels *fastest = kernels_avx512();
+    if (!fastest) fastest = kernels_avx2();
+    if (!fastest) fastest = kernels_scalar();
+    chosen = fastest;
+
+    const char *want = getenv("PI2_KERNELS");
+    if (!want || !*want) return;
+    const kernels *forced = kernels_by_name(want);
+    if (!forced) {
+        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact that this CPU can run; using %s", want,
+                 fastest->name);
+        return;
+    }
+    chosen = forced;
+}
+
+const kernels *kernels_best(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, choose_kernels);
+    return chosen;
+}

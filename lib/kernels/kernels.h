@@ -1,0 +1,67 @@
+/* Hot kernels: quantization, dequantization and dot products for the
+ * weight types pi2 supports. Each has a scalar reference; AVX2 and AVX-512
+ * versions are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact
+ * forces one). avx512-exact is avx512 with llama.cpp's (slower) summation
+ * order in the quantized dots: it exists to show agreement with llama.cpp
+ * bit for bit (tests/test_oracle.c), the default avx512 is for speed.
+ *
+ * Activation handling follows llama.cpp: for Q4_0/Q8_0 weights the activation
+ * vector is first quantized to Q8_0 (quantize_q8_0), for F16 weights it is
+ * converted to F16; dot products then take weight row + converted activation. */
+#ifndef PI2_KERNELS_H
+#define PI2_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/ggml_types.h"
+
+typedef struct {
+    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact" */
+    /* n: any length */
+    float (*dot_f32)(const float *w, const float *x, int n);
+    float (*dot_f16)(const uint16_t *w, const uint16_t *x, int n);
+    /* out[r] = dot_f16(w + r * row_stride, x, n) for r < rows (row_stride in
+     * elements), bit for bit: attention's V . p over V stored transposed.
+     * Faster than one call a row where dot_f16 ends in a serial chain (the
+     * avx512 sets' double leftovers): the rows' chains run side by side. */
+    void (*dot_f16_rows)(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out);
+    /* n: a multiple of 32 */
+    float (*dot_q8_0)(const block_q8_0 *w, const block_q8_0 *x, int n);
+    float (*dot_q4_0)(const block_q4_0 *w, const block_q8_0 *x, int n);
+    /* activation conversion */
+    void (*quantize_q8_0)(const float *x, block_q8_0 *y, int n); /* n: multiple of 32 */
+    void (*f32_to_f16_row)(const float *x, uint16_t *y, int n);
+    /* y[i] += a * dequant(w)[i], for the down projection of sparse decode */
+    void (*axpy_f32)(float *y, float a, const float *w, int n);
+    /* y[r] = dot_q4_0(row r, x, n) for r < nrows, row r starting row_stride bytes
+     * after row r-1, bit for bit. Faster than nrows dot calls: the activation-side
+     * work (regrouping, offset correction, scales) is done once for all rows. */
+    void (*gemv_q4_0)(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
+    /* y[i] = exp(x[i] - max) for i < n; returns their sum (in double, as ggml) */
+    double (*softmax_exp)(float *y, const float *x, float max, int n);
+    /* h[i] = silu(g[i]) * u[i]; each h[i] depends on g[i] and u[i] alone, not on
+     * n or on where the range starts (threads and workers split neuron ranges) */
+    void (*silu_mul)(float *h, const float *g, const float *u, int n);
+} kernels;
+
+const kernels *kernels_best(void);        /* chosen once; honours PI2_KERNELS */
+const kernels *kernels_scalar(void);
+const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
+const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
+const kernels *kernels_avx512_exact(void); /* likewise */
+/* "scalar", "avx2", "avx512" or "avx512-exact"; NULL if unknown or this CPU cannot run it */
+const kernels *kernels_by_name(const char *name);
+
+/* Reference (scalar) conversions; also used for writing weights. */
+void quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n);
+void quantize_row_q4_0_ref(const float *x, block_q4_0 *y, int64_t n);
+/* Reference softmax exponentials and SwiGLU (libm expf), for the kernel tables. */
+double softmax_exp_ref(float *y, const float *x, float max, int n);
+void silu_mul_ref(float *h, const float *g, const float *u, int n);
+/* Dequantize n elements of a row of any supported type to float. */
+void dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* Quantize n floats to `type` (F32 copy, F16, Q8_0, Q4_0); n a multiple of the block size. */
+void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
+#endif

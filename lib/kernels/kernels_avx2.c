@@ -1,0 +1,80 @@
+/* AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; only reached
+ * through kernels_avx2() after a CPU check). Quantization and f16/axpy results
+ * are bit-exact with the scalar reference; dot products differ only in float
+ * summation order. */
+#include "gguf/f16.h"
+#include "kernels/kernels_avx2.h"
+
+/* the rows are kernels_avx2.h's, which the sparse gathers share */
+static float dot_f32_avx2(const float *w, const float *x, int n) { return f32_row(w, x, n, NULL); }
+static float dot_f16_avx2(const uint16_t *w, const uint16_t *x, int n) { return f16_row(w, x, n, NULL); }
+/* one row after the other: f16_row's leftovers (n % 8) are too few to be
+ * worth interleaving, and attention's n is a multiple of 32 */
+static void dot_f16_rows_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = f16_row(w + (size_t)r * row_stride, x, n, NULL);
+}
+static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
+static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
+
+/* AVX2 has no cheaper multi-row form: the per-block work is all weight-side */
+static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+    for (int r = 0; r < nrows; r++)
+        y[r] = dot_q4_0_avx2((const block_q4_0 *)((const char *)w + (size_t)r * row_stride), x, n);
+}
+
+static void quantize_q8_0_avx2(const float *x, block_q8_0 *y, int n) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int b = 0; b < n / QK8_0; b++) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + b * QK8_0 + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f; /* as ggml's quantize_row_q8_0 */
+        const uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(&y[b].d, &dh, sizeof dh);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* packs interleave 128-bit lanes; the permute restores element order */
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[b].qs, ordered);
+    }
+}
+
+static void f32_to_f16_row_avx2(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = f32_to_f16(x[i]);
+}
+
+/* multiply then add (no FMA) so the result is bit-exact with the reference */
+static void axpy_f32_avx2(float *y, float a, const float *w, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(w + i))));
+    for (; i < n; i++) y[i] += a * w[i];
+}
+
+const kernels kernels_avx2_impl = {
+    .name = "avx2",
+    .dot_f32 = dot_f32_avx2,
+    .dot_f16 = dot_f16_avx2,
+    .dot_f16_rows = dot_f16_rows_avx2,
+    .dot_q8_0 = dot_q8_0_avx2,
+    .dot_q4_0 = dot_q4_0_avx2,
+    .quantize_q8_0 = quantize_q8_0_avx2,
+    .f32_to_f16_row = f32_to_f16_row_avx2,
+    .axpy_f32 = axpy_f32_avx2,
+    .gemv_q4_0 = gemv_q4_0_avx2,
+    .softmax_exp = softmax_exp_ref,
+    .silu_mul = silu_mul_ref,
+};

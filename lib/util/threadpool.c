@@ -1,0 +1,109 @@
+#include "util/threadpool.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* Spin this many pause iterations (tens of microseconds) before sleeping or
+ * yielding: long enough to bridge the serial work between two jobs of a
+ * decode step, short enough not to steal a shared core from other processes. */
+#define SPIN_ITERS 4000
+
+struct threadpool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    atomic_uint generation;   /* bumped once per job */
+    atomic_int pending;       /* workers (other than 0) still running the job */
+    atomic_int sleepers;
+    pool_fn fn;
+    void *ctx;
+    atomic_bool stop;
+};
+
+typedef struct { threadpool *p; int ith; } worker_arg;
+
+static unsigned wait_for_job(threadpool *p, unsigned seen) {
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (g != seen) return g;
+        _mm_pause();
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    unsigned g;
+    while ((g = atomic_load(&p->generation)) == seen) pthread_cond_wait(&p->wake, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
+static void *worker_main(void *argp) {
+    worker_arg *arg = argp;
+    threadpool *p = arg->p;
+    int ith = arg->ith;
+    free(arg);
+    unsigned seen = 0;
+    for (;;) {
+        seen = wait_for_job(p, seen);
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->ctx, ith, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+threadpool *pool_new(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    threadpool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n = n_threads;
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->threads) { free(p); return NULL; }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *arg = malloc(sizeof *arg);
+        if (!arg) abort();
+        arg->p = p;
+        arg->ith = i;
+        if (pthread_create(&p->threads[i], NULL, worker_main, arg) != 0) abort();
+    }
+    return p;
+}
+
+static void publish(threadpool *p) {
+    pthread_mutex_lock(&p->mu); /* pairs with the sleepers' check-then-wait */
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    if (atomic_load(&p->sleepers)) pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void pool_run(threadpool *p, pool_fn fn, void *ctx) {
+    if (p->n == 1) { fn(ctx, 0, 1); return; }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->pending, p->n - 1);
+    publish(p);
+    fn(ctx, 0, p->n);
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if (i < SPIN_ITERS) _mm_pause();
+        else sched_yield(); /* a worker was descheduled: give it the core */
+    }
+}
+
+int pool_size(const threadpool *p) { return p->n; }
+
+void pool_free(threadpool *p) {
+    if (!p) return;
+    atomic_store(&p->stop, true);
+    publish(p);
+    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    free(p->threads);
+    free(p);
+}
