@@ -35,6 +35,14 @@ typedef struct {
  * block matches the model. 0, or -1 with the reason logged. */
 int cm_open_segments(cachemgr *c);
 void cm_close_segments(cachemgr *c);
+/* Bytes the four segments take for c's model and parameters (before page
+ * rounding), with the weights' and the KV cache's shares. */
+uint64_t cm_segments_bytes(const cachemgr *c, uint64_t *weights, uint64_t *kv);
+
+/* cachemgr --check: the model's tokenizer loads and the segments fit in the
+ * memory limit (util/mem_limit.h). Prints "NEED LIMIT SOURCE" and returns 0,
+ * or logs one error line and returns 1. */
+int cm_preflight(const cachemgr *c);
 
 /* Beats our control-block row with state st. */
 void cm_beat(cachemgr *c, enum proc_state st);

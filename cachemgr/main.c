@@ -21,7 +21,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N] [--ffn MODE]\n"
-            "                [--predictor FILE] [--small-pages]\n"
+            "                [--predictor FILE] [--small-pages] [--check]\n"
             "Creates the run's shared-memory segments and loads the weights through the io-worker.\n"
             "  -m, --model FILE        the model the stack runs\n"
             "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
@@ -36,6 +36,9 @@ static void usage(FILE *f) {
             "                          uses a PWRI model's own fc1/fc2\n"
             "      --small-pages       leave new segments on 4 KiB pages: start-up skips moving them into\n"
             "                          2 MiB pages (seconds for a 7B model), decode reads scattered rows slower\n"
+            "      --check             only check: the model opens as the stack opens it, its tokenizer and\n"
+            "                          FFN mode are usable, and the segments fit in the memory this process\n"
+            "                          may use (cgroup limit or MemAvailable); prints NEED LIMIT SOURCE\n"
             "  -h, --help              this help\n"
             "On a restart the existing segments of the run are kept (with their parameters).\n"
             "Environment: PI2_LOG=debug|info|warn|error\n",
@@ -45,19 +48,20 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model, *runid, *predictor;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
-    bool small_pages;
+    bool small_pages, check;
     ffn_mode ffn;
     bool ffn_auto; /* resolved for the model (resolve_ffn) */
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR, OPT_SMALL_PAGES };
+    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR, OPT_SMALL_PAGES, OPT_CHECK };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},         {"run", required_argument, 0, 'r'},
         {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
         {"ffn", required_argument, 0, OPT_FFN},       {"predictor", required_argument, 0, OPT_PREDICTOR},
-        {"small-pages", no_argument, 0, OPT_SMALL_PAGES}, {"help", no_argument, 0, 'h'},
+        {"small-pages", no_argument, 0, OPT_SMALL_PAGES}, {"check", no_argument, 0, OPT_CHECK},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512, .io_timeout_ms = 5000,
                    .ffn_auto = true};
@@ -73,6 +77,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
         case OPT_PREDICTOR: o->predictor = optarg; break;
         case OPT_SMALL_PAGES: o->small_pages = true; break;
+        case OPT_CHECK: o->check = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -167,7 +172,7 @@ int main(int argc, char **argv) {
     }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
-    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : start(&c);
+    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : o.check ? cm_preflight(&c) : start(&c);
     cm_beat(&c, PROC_DEAD);
     cm_close_segments(&c);
     model_free(&c.m);

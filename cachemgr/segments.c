@@ -34,6 +34,17 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
     for (int i = 0; i < SEG_COUNT && c->small_pages; i++) out[i].create_flags |= SHM_CREATE_SMALL_PAGES;
 }
 
+uint64_t cm_segments_bytes(const cachemgr *c, uint64_t *weights, uint64_t *kv) {
+    segment_spec specs[SEG_COUNT];
+    segment_specs(c, &c->params, specs);
+    uint64_t total = 0;
+    for (int i = 0; i < SEG_COUNT; i++)
+        for (int r = 0; r < specs[i].n; r++) total += specs[i].regions[r].size;
+    *weights = specs[SEG_WEIGHTS].regions[0].size;
+    *kv = specs[SEG_KV].regions[0].size + specs[SEG_KV].regions[1].size;
+    return total;
+}
+
 static int seg_name(const cachemgr *c, const char *what, char *buf, size_t len) {
     if (shm_make_name(buf, len, c->runid, what)) {
         log_error("segment name for run '%s': %s", c->runid, shm_last_error());

@@ -20,6 +20,8 @@ STACK_PROGRAMS=(cachemgr io-worker coordinator npu-worker cpu-worker pi2-ctl pi2
 STOP_GRACE_S=${PI2_STOP_GRACE_S:-5}    # SIGTERM to SIGKILL
 MAX_CPU_WORKERS=16                     # STACK_MAX_CPU_WORKERS in lib/stack.h
 LONG_LIVED_MS=5000                     # a process that ran this long before dying is not crash-looping
+EARLY_DEATH_MS=60000                   # a death this soon after the start counts towards a crash loop ...
+CRASH_LOOP_DEATHS=3                    # ... and this many in a row by the same signal stop the stack
 MAX_BACKOFF_MS=5000
 EXIT_USAGE=2                           # a process's exit status for bad arguments (every program)
 EXIT_CONFIG=78                         # ... for a configuration it cannot run (sysexits.h EX_CONFIG)
@@ -76,6 +78,7 @@ need_programs() {
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
 CFG_CTX="" CFG_MAX_PREFILL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES=""
+MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
 
@@ -200,6 +203,7 @@ write_stack_env() {
     {
         printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\n' "$MODEL" \
             "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES"
+        printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
 }
@@ -215,7 +219,7 @@ load_stack_env() {
 pid_alive() {
     [ -n "$1" ] && [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null || return 1
     local stat
-    stat=$(<"/proc/$1/stat") 2>/dev/null || return 1
+    { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
     stat=${stat##*) }
     [ "${stat%% *}" != Z ]
 }
@@ -256,6 +260,7 @@ proc_index() {
 # coordinator dies.
 # ---------------------------------------------------------------------------
 declare -a PID=() RESTARTS=() STARTED_MS=() NEXT_START_MS=() FAST_CRASHES=()
+declare -a SIG_DEATHS=() SIG_LAST=() SIG_SINCE_MS=() # early deaths in a row by one signal, which, since when
 STOP_REQUESTED=0
 
 slog() { echo "$(date '+%F %T.%3N') pi2-supervisor: $*"; }
@@ -357,13 +362,17 @@ release_resources() {
     rm -f -- /dev/shm/pi2-"$RUN"-* "$RD"/*.sock
 }
 
+# teardown REASON [brief]: brief when REASON says all there is (the logs of a
+# process killed from outside say nothing of why)
 teardown() {
     slog "stopping the stack: $1"
     echo "$1" >"$RD/stopped"
+    if [ "${2:-}" = brief ]; then touch "$RD/stopped.brief"; fi
     stop_all
     release_resources
     write_state
     rm -f "$RD/supervisor.pid"
+    if pid_alive "$WAKE_PID"; then kill "$WAKE_PID" 2>/dev/null || true; fi
     slog "stack stopped"
     exit 0
 }
@@ -377,23 +386,60 @@ tick() {
 }
 
 # Sleeps until something needs the supervisor: a process exits (wait -n,
-# which keeps its status in EXITED), a signal arrives, or a delayed restart
-# is due. It used to poll every 100 ms, and each round of bash took ~2 ms of
-# CPU on the cores the workers run on: a worker preempted mid-layer held the
-# other at the next barrier (~0.7 ms per token of a 7B decode).
+# which keeps its status in EXITED), a signal arrives, a delayed restart is
+# due, or the wake-up timer ends. It used to poll every 100 ms, and each round
+# of bash took ~2 ms of CPU on the cores the workers run on: a worker
+# preempted mid-layer held the other at the next barrier (~0.7 ms per token
+# of a 7B decode). bash forgets a job that died before wait -n is called (a
+# non-interactive shell drops a job from its table once it has reported it),
+# so it looks first; a death between that look and the wait is seen when the
+# timer ends, WAKE_S later at most, never missed.
+WAKE_S=5
+WAKE_PID=0
 declare -A EXITED=()
 await_exit() {
-    local i live=() due=0 died="" st=0
+    local i live=() died="" st=0
     for i in "${!P_NAME[@]}"; do
-        if [ "${PID[$i]}" -gt 0 ]; then live+=("${PID[$i]}"); else due=1; fi
+        if [ "${PID[$i]}" -eq 0 ]; then
+            tick # a restart is waiting for its time
+            return
+        fi
+        pid_alive "${PID[$i]}" || return 0
+        live+=("${PID[$i]}")
     done
-    if ((due)) || [ ${#live[@]} -eq 0 ]; then
-        tick # a restart is waiting for its time
+    if ! pid_alive "$WAKE_PID"; then
+        if [ -n "$TICK_FD" ]; then sleep "$WAKE_S" {TICK_FD}<&- & else sleep "$WAKE_S" & fi
+        WAKE_PID=$!
+    fi
+    wait -n -p died "${live[@]}" "$WAKE_PID" 2>/dev/null || st=$?
+    # a signal leaves died unset (the trap has set STOP_REQUESTED)
+    if [ -n "${died:-}" ] && [ "$died" != "$WAKE_PID" ]; then EXITED[$died]=$st; fi
+}
+
+gib() { awk -v b="$1" 'BEGIN { if (b >= 1073741824) printf "%.2f GiB", b / 1073741824; else printf "%.1f MiB", b / 1048576 }'; }
+
+# crash_loop I STATUS NOW: counts an early death by a signal; after
+# CRASH_LOOP_DEATHS in a row by the same one, the stack stops with why. A
+# process the kernel kills for memory comes back to the same fate: restarting
+# it forever only hides the cause (and a restarted cachemgr reloads the model).
+crash_loop() {
+    local i=$1 st=$2 now=$3 sig
+    if ((st <= 128 || now - STARTED_MS[i] >= EARLY_DEATH_MS)); then
+        SIG_DEATHS[$i]=0 SIG_LAST[$i]=""
         return
     fi
-    wait -n -p died "${live[@]}" 2>/dev/null || st=$?
-    # a signal leaves died unset (the trap has set STOP_REQUESTED)
-    if [ -n "${died:-}" ]; then EXITED[$died]=$st; fi
+    if [ "${SIG_LAST[$i]}" != "$st" ]; then
+        SIG_DEATHS[$i]=0 SIG_LAST[$i]=$st SIG_SINCE_MS[$i]=${STARTED_MS[$i]}
+    fi
+    SIG_DEATHS[$i]=$((SIG_DEATHS[i] + 1))
+    ((SIG_DEATHS[i] >= CRASH_LOOP_DEATHS)) || return 0
+    sig=SIG$(kill -l $((st - 128)) 2>/dev/null || echo $((st - 128)))
+    local why="${P_NAME[$i]} was killed by $sig ${SIG_DEATHS[$i]} times within $(((now - SIG_SINCE_MS[i] + 999) / 1000)) s"
+    if [ "$sig" = SIGKILL ]; then
+        why+=": out of memory?"
+        [ -z "$MEM_NEED" ] || why+=" the stack needs $(gib "$MEM_NEED") of shared memory, this process may use $(gib "$MEM_LIMIT") ($MEM_SOURCE)"
+    fi
+    teardown "$why" brief
 }
 
 supervise() {
@@ -404,7 +450,7 @@ supervise() {
     local i now desc
     slog "supervising run $RUN (model $MODEL): ${P_NAME[*]}"
     for i in "${!P_NAME[@]}"; do
-        RESTARTS[$i]=0 FAST_CRASHES[$i]=0 NEXT_START_MS[$i]=0 PID[$i]=0
+        RESTARTS[$i]=0 FAST_CRASHES[$i]=0 NEXT_START_MS[$i]=0 PID[$i]=0 SIG_DEATHS[$i]=0 SIG_LAST[$i]=""
         start_proc "$i"
     done
     write_state
@@ -428,6 +474,7 @@ supervise() {
                     # a restart would meet the same arguments: give up at once
                     teardown "$name refused its configuration ($desc): $(tail -n 1 "$RD/logs/$name.log" 2>/dev/null)"
                 else
+                    crash_loop "$i" "$REAPED_STATUS" "$now"
                     local delay=0
                     if ((now - STARTED_MS[i] < LONG_LIVED_MS)); then
                         FAST_CRASHES[$i]=$((FAST_CRASHES[i] + 1))
@@ -549,6 +596,21 @@ print_failing_logs() {
     tail -n "$lines" "$RD/logs/supervisor.log" >&2 2>/dev/null || true
 }
 
+# The model, its tokenizer and FFN mode, and the memory its segments need,
+# checked once (cachemgr --check) before any process starts: one line that
+# names what is wrong, instead of every process failing on its own.
+preflight() {
+    local i out err rc=0 msg
+    for i in "${!P_KIND[@]}"; do [ "${P_KIND[$i]}" = cachemgr ] && proc_command "$i"; done
+    err=$(mktemp)
+    out=$(PI2_LOG=error "${CMD[@]}" --check 2>"$err") || rc=$?
+    msg=$(sed -n 's/^cachemgr\[[0-9]*\] ERROR *//p' "$err" | head -n 1)
+    [ -n "$msg" ] || msg="cachemgr --check failed (exit $rc): $(tail -n 1 "$err")"
+    rm -f "$err"
+    ((rc == 0)) || die "up: $msg"
+    read -r MEM_NEED MEM_LIMIT MEM_SOURCE <<<"$out"
+}
+
 cmd_up() {
     local model="" conf="" ctx="" no_npu=0 timeout_s=120
     while [ $# -gt 0 ]; do
@@ -586,6 +648,7 @@ cmd_up() {
     parse_config "$conf"
     if [ -n "$ctx" ]; then check_count "$ctx" --ctx "up" 1 1048576; CFG_CTX=$ctx; fi
     if ((no_npu)); then drop_npu_worker; fi
+    preflight
 
     local sp
     sp=$(supervisor_pid)
@@ -607,15 +670,15 @@ cmd_up() {
     while ! all_beating; do
         if [ -f "$RD/stopped" ] || ! pid_alive "$sup"; then
             echo "pi2: the stack stopped while starting: $(cat "$RD/stopped" 2>/dev/null || echo "the supervisor exited")" >&2
-            print_failing_logs
-            cmd_down
+            [ -f "$RD/stopped.brief" ] || print_failing_logs
+            cmd_down >/dev/null
             exit 1
         fi
         if (($(now_ms) > deadline)); then
             echo "pi2: run '$RUN' not ready after $timeout_s s (weights loaded and every process beating)" >&2
             [ -n "$CTL_STATUS" ] && echo "$CTL_STATUS" >&2
             print_failing_logs
-            cmd_down
+            cmd_down >/dev/null
             exit 1
         fi
         tick 0.1
