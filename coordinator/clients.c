@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 void gen_request_clear(gen_request *r) {
@@ -51,6 +52,25 @@ int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece
     env.body_case = PI2__ENVELOPE__BODY_TOKEN_PIECE;
     env.token_piece = &tp;
     return send_to_client(c, c->req.client, c->req.client_len, &env);
+}
+
+void client_prompt_progress(coord *c) {
+    prompt_state *p = &c->prompt;
+    int64_t now = clock_ms();
+    if (now - p->sent_ms < COORD_PROMPT_PROGRESS_MS) return;
+    p->sent_ms = now;
+    int n_layer = c->sv.m.n_layer, done = p->n_done;
+    if (p->chunk_n && c->step.active && c->step.on_npu)
+        done += (int)((int64_t)p->chunk_n * c->step.prefill_layers / (n_layer > 0 ? n_layer : 1));
+    Pi2__PromptProgress pp = PI2__PROMPT_PROGRESS__INIT;
+    pp.n_done = (uint32_t)(done < p->n_prompt ? done : p->n_prompt);
+    pp.n_prompt = (uint32_t)p->n_prompt;
+    pp.elapsed_ms = (double)(now - p->t0_ms);
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, c->session);
+    env.body_case = PI2__ENVELOPE__BODY_PROMPT_PROGRESS;
+    env.prompt_progress = &pp;
+    send_to_client(c, c->req.client, c->req.client_len, &env); /* a client that left is seen at its first piece */
 }
 
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,

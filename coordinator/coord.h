@@ -24,11 +24,13 @@
 #define COORD_BEAT_MS 100         /* our ctl row */
 #define COORD_ALIVE_CHECK_MS 20   /* how often the pump re-checks worker liveness */
 #define COORD_MAX_RETRIES 8       /* re-sends of one step before the generation fails */
+#define COORD_PROMPT_PROGRESS_MS 250 /* PromptProgress to the client at most this often while the prompt runs */
 
 typedef struct {
     const char *model_path, *runid;
     bool no_npu;
-    int task_timeout_ms;    /* no TaskDone/PrefillDone of a running step for this long: re-send it */
+    int task_timeout_ms;    /* no TaskDone of a running decode step for this long: re-send it */
+    int prefill_stall_ms;   /* no layer of a running prefill finished for this long: re-send it */
     int worker_wait_ms;     /* how long a generation waits for lost cpu-workers to come back */
     int npu_wait_ms;        /* ... for a lost npu-worker, before prefilling with decode tasks */
     int startup_wait_ms;    /* for cachemgr's segments and the weights */
@@ -53,9 +55,19 @@ typedef struct {
     int n_done[STACK_MAX_CPU_WORKERS];           /* TaskDones so far, in layer order */
     uint64_t prefill_seq;
     bool prefill_done;
+    uint32_t prefill_layers;                     /* layers the npu-worker reported done (PrefillProgress) */
     bool failed;                                 /* a worker answered TASK_FAILED */
-    int64_t progress_ms;                         /* last completion */
+    int64_t progress_ms;                         /* last completion or progress report */
 } step_state;
+
+/* The prompt of the running generation, for the client's PromptProgress. */
+typedef struct {
+    bool active;
+    int n_prompt;           /* tokens in all */
+    int n_done;             /* tokens through every layer, before the running step */
+    int chunk_n;            /* tokens of the running prefill step on the npu-worker (0: none) */
+    int64_t t0_ms, sent_ms;
+} prompt_state;
 
 /* A GenerateRequest accepted while idle, copied out of its message. */
 typedef struct {
@@ -93,6 +105,7 @@ typedef struct {
     uint64_t faults_at_epoch; /* coord_faults() when epoch was started */
     uint64_t seq, session;
     step_state step;
+    prompt_state prompt;
     gen_request req;
     bool busy;
     int64_t next_beat_ms, alive_checked_ms;
@@ -126,6 +139,9 @@ void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env);
 int client_send_error(coord *c, const uint8_t *peer, size_t peer_len, Pi2__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece, size_t len);
+/* PromptProgress to the client of the running generation, unless one went
+ * out less than COORD_PROMPT_PROGRESS_MS ago; called from the pump. */
+void client_prompt_progress(coord *c);
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
                      Pi2__GenerateStatus status);
 void gen_request_clear(gen_request *r);

@@ -116,4 +116,5 @@ void coord_pump(coord *c, int timeout_ms) {
         c->next_beat_ms = now + COORD_BEAT_MS;
     }
     workers_check_alive(c, now);
+    if (c->prompt.active) client_prompt_progress(c);
 }

@@ -15,12 +15,14 @@
  * the npu-worker in chunks of max_prefill when it is up, else (or once it is
  * lost for good, or for a model without an ffn_down matrix, which its
  * weights x tokens products need) token by token with DecodeTasks. */
-static int prefill(coord *c, const int32_t *tokens, int n) {
+static int prefill_steps(coord *c, const int32_t *tokens, int n) {
     bool use_npu = !c->opt.no_npu && npu_ready(c) && c->sv.m.layers[0].down.data;
-    for (int pos = 0; pos < n;) {
+    for (int pos = 0; pos < n; c->prompt.n_done = pos) {
         if (use_npu) {
             int chunk = n - pos < c->params.max_prefill ? n - pos : c->params.max_prefill;
+            c->prompt.chunk_n = chunk;
             int rc = step_prefill_npu(c, tokens + pos, chunk, pos);
+            c->prompt.chunk_n = 0;
             if (rc < 0) {
                 log_warn("the npu-worker did not come back: prefilling the rest with decode tasks");
                 use_npu = false;
@@ -35,6 +37,15 @@ static int prefill(coord *c, const int32_t *tokens, int n) {
         }
     }
     return 0;
+}
+
+/* The prompt, with PromptProgress to the client while it runs (the pump sends it). */
+static int prefill(coord *c, const int32_t *tokens, int n) {
+    int64_t now = clock_ms();
+    c->prompt = (prompt_state){.active = true, .n_prompt = n, .t0_ms = now, .sent_ms = now};
+    int rc = prefill_steps(c, tokens, n);
+    c->prompt.active = false;
+    return rc;
 }
 
 typedef struct {

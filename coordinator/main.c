@@ -18,7 +18,9 @@ static void usage(FILE *f) {
             "  -m, --model FILE        the model the stack runs (the same path cachemgr got)\n"
             "  -r, --run RUNID         stack to join (default: $PI2_RUN, else \"default\")\n"
             "      --no-npu            prefill with decode tasks even if an npu-worker is up\n"
-            "      --task-timeout MS   re-send a step that makes no progress for MS (default 5000)\n"
+            "      --task-timeout MS   re-send a decode step that finishes no layer for MS (default 5000)\n"
+            "      --prefill-stall MS  re-send a prefill whose npu-worker finishes no layer for MS, however\n"
+            "                          long the whole prompt takes (default 60000)\n"
             "      --worker-wait MS    how long a generation waits for lost cpu-workers (default 30000)\n"
             "      --npu-wait MS       ... for a lost npu-worker before prefilling without it (default 5000)\n"
             "      --startup-wait MS   for cachemgr's segments and weights (default 300000)\n"
@@ -28,13 +30,14 @@ static void usage(FILE *f) {
 }
 
 static int parse_args(int argc, char **argv, coord_options *o) {
-    enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT };
+    enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT, OPT_PREFILL_STALL };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
         {"no-npu", no_argument, 0, OPT_NO_NPU}, {"task-timeout", required_argument, 0, OPT_TASK_TIMEOUT},
         {"worker-wait", required_argument, 0, OPT_WORKER_WAIT}, {"npu-wait", required_argument, 0, OPT_NPU_WAIT},
-        {"startup-wait", required_argument, 0, OPT_STARTUP_WAIT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (coord_options){.runid = cli_default_runid(), .task_timeout_ms = 5000,
+        {"startup-wait", required_argument, 0, OPT_STARTUP_WAIT}, {"prefill-stall", required_argument, 0, OPT_PREFILL_STALL},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (coord_options){.runid = cli_default_runid(), .task_timeout_ms = 5000, .prefill_stall_ms = 60000,
                          .worker_wait_ms = 30000, .npu_wait_ms = 5000, .startup_wait_ms = 300000};
     int ch;
     while ((ch = getopt_long(argc, argv, "m:r:h", longopts, NULL)) != -1) {
@@ -43,6 +46,7 @@ static int parse_args(int argc, char **argv, coord_options *o) {
         case 'r': o->runid = optarg; break;
         case OPT_NO_NPU: o->no_npu = true; break;
         case OPT_TASK_TIMEOUT: if (cli_parse_int(optarg, "--task-timeout", 1, 3600000, &o->task_timeout_ms)) return -1; break;
+        case OPT_PREFILL_STALL: if (cli_parse_int(optarg, "--prefill-stall", 1, 3600000, &o->prefill_stall_ms)) return -1; break;
         case OPT_WORKER_WAIT: if (cli_parse_int(optarg, "--worker-wait", 1, 3600000, &o->worker_wait_ms)) return -1; break;
         case OPT_NPU_WAIT: if (cli_parse_int(optarg, "--npu-wait", 1, 3600000, &o->npu_wait_ms)) return -1; break;
         case OPT_STARTUP_WAIT: if (cli_parse_int(optarg, "--startup-wait", 1, 3600000, &o->startup_wait_ms)) return -1; break;

@@ -56,8 +56,12 @@ static int await_step(coord *c, uint64_t faults_before) {
         if (*c->stop) return AWAIT_STOP;
         if (s->failed) return AWAIT_RETRY;
         if (step_faults(c) != faults_before) return AWAIT_RETRY;
-        if (clock_ms() - s->progress_ms > c->opt.task_timeout_ms) {
-            log_warn("no completion for %d ms: re-sending the step", c->opt.task_timeout_ms);
+        /* judged by progress, never by the length of the whole step: a
+         * prefill's grows with the prompt and the model */
+        int limit_ms = s->on_npu ? c->opt.prefill_stall_ms : c->opt.task_timeout_ms;
+        if (clock_ms() - s->progress_ms > limit_ms) {
+            log_warn("no layer finished for %d ms (%s): re-sending the step", limit_ms,
+                     s->on_npu ? "--prefill-stall" : "--task-timeout");
             return AWAIT_RETRY;
         }
         coord_pump(c, PUMP_MS);

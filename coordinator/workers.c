@@ -188,6 +188,13 @@ static void on_prefill_done(coord *c, const Pi2__PrefillDone *d) {
     s->progress_ms = clock_ms();
 }
 
+static void on_prefill_progress(coord *c, const Pi2__PrefillProgress *p) {
+    step_state *s = &c->step;
+    if (!s->active || !s->on_npu || p->request_seq != s->prefill_seq || p->layers_done <= s->prefill_layers) return;
+    s->prefill_layers = p->layers_done;
+    s->progress_ms = clock_ms();
+}
+
 void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) {
     worker *w = worker_by_identity(c, bm->peer, bm->peer_len);
     if (!w) {
@@ -208,6 +215,9 @@ void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) 
         break;
     case PI2__ENVELOPE__BODY_PREFILL_DONE:
         if (is_npu) { on_prefill_done(c, env->prefill_done); return; }
+        break;
+    case PI2__ENVELOPE__BODY_PREFILL_PROGRESS:
+        if (is_npu) { on_prefill_progress(c, env->prefill_progress); return; }
         break;
     case PI2__ENVELOPE__BODY_ERROR:
         log_warn("%s reports error %d: %s", w->name, env->error->code, env->error->message);

@@ -20,7 +20,7 @@ static void usage(FILE *f) {
           "Prefill worker of the pi2 stack RUNID: runs whole prompts layer by layer as blocked\n"
           "matrix products and fills the KV cache.\n",
           f);
-    worker_args_help(f, 2, "request");
+    worker_args_help(f, 2, "layer of a prefill");
 }
 
 typedef struct {
@@ -61,7 +61,28 @@ static int read_tokens(worker *w, const Pi2__PrefillRequest *r, char *why, size_
     return 0;
 }
 
-static void tick(void *ctx) { worker_link_heartbeat(ctx); }
+/* The request being prefilled, for its PrefillProgress messages. */
+typedef struct {
+    worker_link *link;
+    uint64_t request_seq, session;
+    long delay_us;          /* PI2_TASK_DELAY_US: fault tests make each layer this much slower */
+} progress_ctx;
+
+/* After each layer: a heartbeat if one is due, and how far the prefill is
+ * (the coordinator's evidence that a long prefill is moving). */
+static void tick(void *ctx, int layers_done) {
+    progress_ctx *pc = ctx;
+    if (pc->delay_us) usleep((useconds_t)pc->delay_us);
+    worker_link_heartbeat(pc->link);
+    Pi2__PrefillProgress p = PI2__PREFILL_PROGRESS__INIT;
+    p.request_seq = pc->request_seq;
+    p.layers_done = (uint32_t)layers_done;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, pc->session);
+    env.body_case = PI2__ENVELOPE__BODY_PREFILL_PROGRESS;
+    env.prefill_progress = &p;
+    worker_link_send(pc->link, &env);
+}
 
 static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     worker *w = ctx;
@@ -88,10 +109,10 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
         send_error(w, req, PI2__ERROR_CODE__INVALID, why);
         return;
     }
-    if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
     worker_link_set_state(w->link, PROC_BUSY);
     uint64_t t0 = clock_us();
-    int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, w->link);
+    progress_ctx pc = {w->link, req->seq, req->session, w->o->task_delay_us};
+    int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, &pc);
     uint64_t took = clock_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
     if (rc) {

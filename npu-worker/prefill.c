@@ -226,7 +226,7 @@ int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_
     for (int l = 0; l < m->n_layer; l++) {
         if ((uint32_t)atomic_load(&p->sv->ctl->epoch) != epoch) return -1;
         layer_pass(p, l, n, first);
-        if (tick) tick(tick_ctx);
+        if (tick) tick(tick_ctx, l + 1);
     }
     if ((uint32_t)atomic_load(&p->sv->ctl->epoch) != epoch) return -1;
     finish(p, n);

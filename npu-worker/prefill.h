@@ -16,8 +16,9 @@ typedef struct prefiller prefiller;
 prefiller *prefiller_new(const stack_view *sv, int n_threads);
 void prefiller_free(prefiller *p);
 
-/* Called between layers (the caller's heartbeat); may be NULL. */
-typedef void (*prefill_tick)(void *ctx);
+/* Called after each layer with the layers done so far (the caller's heartbeat
+ * and progress report); may be NULL. */
+typedef void (*prefill_tick)(void *ctx, int layers_done);
 
 /* tokens[0..n) (ids < n_vocab, n <= max_prefill) at positions first, first+1, ...
  * Returns 0, or -1 if the control block's epoch left `epoch` (abandoned). */

@@ -77,7 +77,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES=""
 MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
@@ -133,8 +133,12 @@ parse_config() {
             [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
             CFG_MAX_PREFILL=${kind#max-prefill=}; check_count "$CFG_MAX_PREFILL" max-prefill "$where" 1 65536
             continue ;;
+        prefill-stall=*)
+            [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
+            CFG_PREFILL_STALL=${kind#prefill-stall=}; check_count "$CFG_PREFILL_STALL" prefill-stall "$where" 1 3600000
+            continue ;;
         cachemgr | io-worker | coordinator | npu-worker | cpu-worker) ;;
-        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N or max-prefill=N)" ;;
+        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N or prefill-stall=MS)" ;;
         esac
         if [ "$kind" != cpu-worker ] && [ -n "${seen[$kind]:-}" ]; then
             die "$where: a second $kind (the first is on line ${seen[$kind]})"
@@ -201,8 +205,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\n' "$MODEL" \
-            "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\n' \
+            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES"
         printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
@@ -281,6 +285,7 @@ proc_command() { # fills CMD for process i
     coordinator)
         CMD=("$BIN_DIR/coordinator" "${base[@]}")
         has_npu_worker || CMD+=(--no-npu)
+        if [ -n "$CFG_PREFILL_STALL" ]; then CMD+=(--prefill-stall "$CFG_PREFILL_STALL"); fi
         ;;
     npu-worker) CMD=("$BIN_DIR/npu-worker" "${base[@]}" -t "${P_THREADS[$i]}") ;;
     cpu-worker) CMD=("$BIN_DIR/cpu-worker" "${base[@]}" -i "${P_NAME[$i]#cpu-worker.}" -t "${P_THREADS[$i]}") ;;

@@ -32,6 +32,7 @@ typedef struct {
     Pi2__PrefillRequest pr;
     uint32_t tokens[8];
     Pi2__PrefillDone pd;
+    Pi2__PrefillProgress pp;
     Pi2__DecodeTask dt;
     Pi2__NeuronCluster cl[3];
     Pi2__NeuronCluster *clp[3];
@@ -54,6 +55,7 @@ typedef struct {
     Pi2__GenerateRequest gr;
     Pi2__TokenPiece tp;
     Pi2__GenerateDone gd;
+    Pi2__PromptProgress pgp;
 } fixture;
 
 static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
@@ -68,6 +70,7 @@ static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
     PI2__ENVELOPE__BODY_IO_COMPLETE, PI2__ENVELOPE__BODY_STATS,
     PI2__ENVELOPE__BODY_STATS_REQUEST, PI2__ENVELOPE__BODY_GENERATE_REQUEST,
     PI2__ENVELOPE__BODY_TOKEN_PIECE, PI2__ENVELOPE__BODY_GENERATE_DONE,
+    PI2__ENVELOPE__BODY_PREFILL_PROGRESS, PI2__ENVELOPE__BODY_PROMPT_PROGRESS,
 };
 #define N_BODIES (sizeof ALL_BODIES / sizeof ALL_BODIES[0])
 
@@ -154,6 +157,11 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         pi2__prefill_done__init(&f->pd);
         f->pd.request_seq = 6, f->pd.layer_end = 32, f->pd.time_us = 5000;
         f->env.prefill_done = &f->pd;
+        break;
+    case PI2__ENVELOPE__BODY_PREFILL_PROGRESS:
+        pi2__prefill_progress__init(&f->pp);
+        f->pp.request_seq = 6, f->pp.layers_done = 17;
+        f->env.prefill_progress = &f->pp;
         break;
     case PI2__ENVELOPE__BODY_DECODE_TASK:
         pi2__decode_task__init(&f->dt);
@@ -246,6 +254,11 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         f->gd.n_prompt = 5, f->gd.n_generated = 48, f->gd.prompt_ms = 1.5, f->gd.decode_ms = 80.25;
         f->gd.status = PI2__GENERATE_STATUS__GEN_LENGTH;
         f->env.generate_done = &f->gd;
+        break;
+    case PI2__ENVELOPE__BODY_PROMPT_PROGRESS:
+        pi2__prompt_progress__init(&f->pgp);
+        f->pgp.n_done = 100, f->pgp.n_prompt = 512, f->pgp.elapsed_ms = 2500.5;
+        f->env.prompt_progress = &f->pgp;
         break;
     default: break;
     }
@@ -449,6 +462,14 @@ static const char *break_rule(int i, fixture *f) {
     case 95: SET(GENERATE_DONE); f->gd.decode_ms = -1; return "GenerateDone.decode_ms = -1";
     case 96: SET(GENERATE_DONE); f->gd.n_prompt = 4097; return "GenerateDone.n_prompt = 4097 > n_ctx 4096";
     case 97: SET(GENERATE_DONE); f->env.session = 0; return "GenerateDone needs a session";
+    case 102: SET(PREFILL_PROGRESS); f->pp.layers_done = 33; return "PrefillProgress.layers_done";
+    case 103: SET(PREFILL_PROGRESS); f->pp.request_seq = 0; return "PrefillProgress.request_seq";
+    case 104: SET(PREFILL_PROGRESS); f->env.session = 0; return "PrefillProgress needs a session";
+    case 105: SET(PROMPT_PROGRESS); f->pgp.n_done = 513; return "PromptProgress.n_done = 513 > n_prompt 512";
+    case 106: SET(PROMPT_PROGRESS); f->pgp.n_prompt = 4097, f->pgp.n_done = 1;
+        return "PromptProgress.n_prompt = 4097 > n_ctx 4096";
+    case 107: SET(PROMPT_PROGRESS); f->pgp.elapsed_ms = NAN; return "PromptProgress.elapsed_ms";
+    case 108: SET(PROMPT_PROGRESS); f->env.session = 0; return "PromptProgress needs a session";
     default: return NULL;
     }
 }

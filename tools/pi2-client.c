@@ -21,6 +21,8 @@
 
 #define POLL_SLICE_MS 250
 #define COORDINATOR_DEAD_MS 2000 /* its ctl row unbeaten this long: it is gone */
+#define PROGRESS_AFTER_MS 1000  /* a prompt that takes longer shows its progress */
+#define PROGRESS_LINE_MS 2000   /* ... as a log line this often when stderr is not a terminal */
 
 typedef struct {
     const char *runid, *prompt;
@@ -131,10 +133,13 @@ static const msg_limits CLIENT_LIMITS = {
     .act_segment_size = 1, .weight_segment_size = 1, .kv_segment_size = 1, .model_file_size = 1, .slot_size = 1,
 };
 
-static void log_timings(const Pi2__GenerateDone *d) {
+/* ttft_ms: from sending the request to the first piece, as this client saw it (< 0: none came). */
+static void log_timings(const Pi2__GenerateDone *d, double ttft_ms) {
     double ps = d->prompt_ms / 1e3, ds = d->decode_ms / 1e3;
-    log_info("prompt: %u tokens in %.3f s (%.2f tok/s); generated: %u tokens in %.3f s (%.2f tok/s)", d->n_prompt, ps,
-             d->n_prompt / (ps > 0 ? ps : 1e-9), d->n_generated, ds, d->n_generated / (ds > 0 ? ds : 1e-9));
+    char ttft[48] = "";
+    if (ttft_ms >= 0) snprintf(ttft, sizeof ttft, "; time to first token %.3f s", ttft_ms / 1e3);
+    log_info("prompt: %u tokens in %.3f s (%.2f tok/s); generated: %u tokens in %.3f s (%.2f tok/s)%s", d->n_prompt,
+             ps, d->n_prompt / (ps > 0 ? ps : 1e-9), d->n_generated, ds, d->n_generated / (ds > 0 ? ds : 1e-9), ttft);
     if (d->status == PI2__GENERATE_STATUS__GEN_CONTEXT_FULL) log_warn("the stack's context is full");
 }
 
@@ -160,17 +165,46 @@ static bool coordinator_gone(const proc_row *r) {
     return r && (atomic_load(&r->state) == PROC_DEAD || clock_ms() - atomic_load(&r->heartbeat_ms) > COORDINATOR_DEAD_MS);
 }
 
-/* Streams the answer; returns the exit status. */
-static int receive(bus_socket *s, const options *o, const proc_row *coordinator) {
+/* Prompt progress on stderr once the prompt has run for a second (as
+ * llama.cpp users are used to): one line rewritten in place on a terminal, a
+ * log line every 2 s otherwise. */
+typedef struct {
+    bool tty, shown;
+    int64_t last_line_ms;
+} progress_view;
+
+static void progress_show(progress_view *v, const Pi2__PromptProgress *p) {
+    if (p->elapsed_ms < PROGRESS_AFTER_MS) return;
+    double s = p->elapsed_ms / 1e3, pct = p->n_prompt ? 100.0 * p->n_done / p->n_prompt : 0;
+    if (v->tty) {
+        fprintf(stderr, "\rprompt: %u/%u tokens (%.0f %%), %.1f tok/s, %.1f s ", p->n_done, p->n_prompt, pct,
+                p->n_done / s, s);
+        v->shown = true;
+    } else if (clock_ms() - v->last_line_ms >= PROGRESS_LINE_MS) {
+        log_info("prompt: %u/%u tokens (%.0f %%), %.1f tok/s, %.1f s", p->n_done, p->n_prompt, pct, p->n_done / s, s);
+        v->last_line_ms = clock_ms();
+    }
+}
+
+static void progress_end(progress_view *v) {
+    if (v->shown) fputc('\n', stderr);
+    v->shown = false;
+}
+
+/* Streams the answer; returns the exit status. sent_ms: when the request went out. */
+static int receive(bus_socket *s, const options *o, const proc_row *coordinator, int64_t sent_ms) {
     uint32_t next_index = 0;
     bool started = false;
     int64_t last_heard = clock_ms();
+    double ttft_ms = -1;
+    progress_view pv = {.tty = isatty(STDERR_FILENO)};
     for (;;) {
         struct bus_msg bm;
         int rc = bus_recv(s, &bm, POLL_SLICE_MS);
         if (rc == BUS_TIMEOUT) {
             bool gone = coordinator_gone(coordinator);
             if (!gone && clock_ms() - last_heard < (int64_t)o->timeout_s * 1000) continue;
+            progress_end(&pv);
             if (started) fputc('\n', stdout);
             fflush(stdout);
             if (gone) log_error("the coordinator of stack '%s' stopped (see pi2 status and its log)", o->runid);
@@ -195,14 +229,17 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator)
             continue;
         }
         int status = -1;
+        if (env->body_case != PI2__ENVELOPE__BODY_PROMPT_PROGRESS) progress_end(&pv);
         if (!started && (env->body_case == PI2__ENVELOPE__BODY_TOKEN_PIECE ||
                          env->body_case == PI2__ENVELOPE__BODY_GENERATE_DONE)) {
             fputs(o->prompt, stdout); /* as pi2-ref: only once the prompt was accepted */
             started = true;
         }
         switch (env->body_case) {
+        case PI2__ENVELOPE__BODY_PROMPT_PROGRESS: progress_show(&pv, env->prompt_progress); break;
         case PI2__ENVELOPE__BODY_TOKEN_PIECE: {
             const Pi2__TokenPiece *t = env->token_piece;
+            if (ttft_ms < 0) ttft_ms = (double)(clock_ms() - sent_ms);
             if (t->index != next_index) {
                 fflush(stdout);
                 log_error("piece %u arrived where %u was expected", t->index, next_index);
@@ -219,7 +256,7 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator)
             fflush(stdout);
             if (env->generate_done->n_generated != next_index)
                 log_warn("the stack counts %u tokens, %u arrived", env->generate_done->n_generated, next_index);
-            log_timings(env->generate_done);
+            log_timings(env->generate_done, ttft_ms);
             status = 0;
             break;
         case PI2__ENVELOPE__BODY_ERROR:
@@ -251,7 +288,8 @@ int main(int argc, char **argv) {
     if (!s) log_error("connecting to %s: %s", ep, bus_last_error());
     shm_segment *ctl_seg;
     const proc_row *coordinator = coordinator_row(o.runid, &ctl_seg);
-    if (s && !send_request(s, &o)) rc = receive(s, &o, coordinator);
+    int64_t sent_ms = clock_ms();
+    if (s && !send_request(s, &o)) rc = receive(s, &o, coordinator, sent_ms);
     shm_detach(ctl_seg);
     bus_close(s);
     bus_ctx_free(ctx);

@@ -370,6 +370,15 @@ static int v_prefill_done(const vctx *v, const Pi2__Envelope *env) {
                : 0;
 }
 
+static int v_prefill_progress(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__PrefillProgress *m = env->prefill_progress;
+    const char *p = "PrefillProgress";
+    return check_session(v, env, p) || check_nonzero(v, p, "request_seq", m->request_seq) ||
+                   check_range(v, p, "layers_done", 0, m->layers_done, "n_layer", v->lim->n_layer)
+               ? -1
+               : 0;
+}
+
 /* Layer n_layer of a DecodeTask or TaskDone is the output task (final norm + output rows). */
 static int check_task_layer(const vctx *v, const char *path, uint32_t layer) {
     if (layer <= v->lim->n_layer) return 0;
@@ -531,6 +540,17 @@ static int v_generate_done(const vctx *v, const Pi2__Envelope *env) {
     return 0;
 }
 
+static int v_prompt_progress(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__PromptProgress *m = env->prompt_progress;
+    const char *p = "PromptProgress";
+    if (check_session(v, env, p) || check_ms(v, p, "elapsed_ms", m->elapsed_ms)) return -1;
+    if (m->n_prompt > v->lim->n_ctx)
+        return fail(v, "%s.n_prompt = %" PRIu32 " > n_ctx %" PRIu32, p, m->n_prompt, v->lim->n_ctx);
+    if (m->n_done > m->n_prompt)
+        return fail(v, "%s.n_done = %" PRIu32 " > n_prompt %" PRIu32, p, m->n_done, m->n_prompt);
+    return 0;
+}
+
 int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, size_t errlen) {
     const vctx v = {lim, err, errlen};
     if (env->version != PI2_PROTO_VERSION)
@@ -548,6 +568,7 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
     case PI2__ENVELOPE__BODY_ERROR: check = v_error; break;
     case PI2__ENVELOPE__BODY_PREFILL_REQUEST: check = v_prefill_request; break;
     case PI2__ENVELOPE__BODY_PREFILL_DONE: check = v_prefill_done; break;
+    case PI2__ENVELOPE__BODY_PREFILL_PROGRESS: check = v_prefill_progress; break;
     case PI2__ENVELOPE__BODY_DECODE_TASK: check = v_decode_task; break;
     case PI2__ENVELOPE__BODY_TASK_DONE: check = v_task_done; break;
     case PI2__ENVELOPE__BODY_CACHE_ACQUIRE: check = v_cache_acquire; break;
@@ -561,6 +582,7 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
     case PI2__ENVELOPE__BODY_GENERATE_REQUEST: check = v_generate_request; break;
     case PI2__ENVELOPE__BODY_TOKEN_PIECE: check = v_token_piece; break;
     case PI2__ENVELOPE__BODY_GENERATE_DONE: check = v_generate_done; break;
+    case PI2__ENVELOPE__BODY_PROMPT_PROGRESS: check = v_prompt_progress; break;
     default: return fail(&v, "Envelope body %d is unknown", (int)env->body_case);
     }
     return check(&v, env);
