@@ -4,18 +4,23 @@
  * matrix that fits in L2 (compute bound) and once for one far larger than
  * the caches (memory bound). Then the same for the predictor gemv
  * (pred_gemv.h, F16 and Q8_0 rows) on the predictors' two shapes, and decode attention's K . q
- * scores read head by head against position by position. */
+ * scores read head by head against position by position. Last, the
+ * machine's int8 multiply-add peak (int8_peak.h) on one thread and on every
+ * CPU at once: the limit the quantized matrix products are judged against. */
 #include <getopt.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 #include "gguf/f16.h"
 #include "kernels/kernels.h"
 #include "util/log.h"
 #include "kernels/pred_gemv.h"
+#include "kernels/int8_peak.h"
 
 typedef struct {
     const char *name;
@@ -245,6 +250,38 @@ static void bench_attention(const kernels *const *isas, int n_isas, uint8_t *w, 
     }
 }
 
+typedef struct {
+    double seconds, macs;
+    const char *isa;
+} peak_job;
+
+static void *peak_thread(void *arg) {
+    peak_job *j = arg;
+    j->macs = int8_peak_macs(j->seconds, &j->isa);
+    return NULL;
+}
+
+/* GMAC/s of int8 multiply-adds on 1 thread, then on n_threads at once (their sum). */
+static void bench_int8_peak(int n_threads, double seconds) {
+    peak_job one = {seconds, 0, NULL}, all[64];
+    peak_thread(&one);
+    if (n_threads > 64) n_threads = 64;
+    pthread_t tid[64];
+    int started = 0;
+    for (int i = 0; i < n_threads; i++) {
+        all[i] = (peak_job){seconds, 0, NULL};
+        if (pthread_create(&tid[i], NULL, peak_thread, &all[i])) break;
+        started++;
+    }
+    double sum = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(tid[i], NULL);
+        sum += all[i].macs;
+    }
+    printf("\nint8 multiply-add peak (%s, no memory traffic): 1 thread %.1f GMAC/s, %d threads %.1f GMAC/s\n",
+           one.isa, one.macs / 1e9, started, sum / 1e9);
+}
+
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
             "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS]\n"
@@ -349,6 +386,7 @@ int main(int argc, char **argv) {
     }
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
+    bench_int8_peak((int)sysconf(_SC_NPROCESSORS_ONLN), min_seconds);
     free(gemv_out);
     free(w);
     free(x8);

@@ -1,0 +1,21 @@
+/* The machine's int8 multiply-accumulate peak: the physical limit the
+ * quantized matrix products (prefill's GEMM) are judged against. Independent
+ * chains of the widest int8 dot instruction the CPU has, no memory traffic:
+ * AVX-512 VNNI vpdpbusd (64 multiply-adds), else AVX2 vpmaddubsw + vpmaddwd +
+ * vpaddd (32 for three instructions, the sequence llama.cpp and our AVX2
+ * kernels use). */
+#ifndef PI2_INT8_PEAK_H
+#define PI2_INT8_PEAK_H
+
+#include <stdint.h>
+
+/* int8 multiply-adds per second on the calling thread, measured for about
+ * `seconds`; *isa names the instruction used. 0 (and *isa "none") on a CPU
+ * with neither. */
+double int8_peak_macs(double seconds, const char **isa);
+
+/* The loops themselves: iters rounds of their chains; the multiply-adds done. */
+uint64_t int8_peak_avx512(uint64_t iters);
+uint64_t int8_peak_avx2(uint64_t iters);
+
+#endif
