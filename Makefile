@@ -36,9 +36,11 @@ TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIBPI2    := $(BUILD)/libpi2.a
 
 # SIMD kernels are compiled per file for their ISA and chosen at run time.
-# Any lib/**/*_avx2.c / *_avx512.c file gets its ISA's flags.
+# Any lib/**/*_avx2.c / *_avx512.c / *_amx.c file gets its ISA's flags.
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 $(BUILD)/lib/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
-$(BUILD)/lib/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+$(BUILD)/lib/%_avx512.o: CFLAGS += $(AVX512_FLAGS)
+$(BUILD)/lib/%_amx.o:    CFLAGS += $(AVX512_FLAGS) -mamx-tile -mamx-int8
 
 .PHONY: all test asan demo deps check-deps clean bench
 .SECONDARY:

@@ -403,7 +403,7 @@ int main(void) {
     /* the override is read once, at the first kernels_best() call */
     setenv("PI2_KERNELS", "scalar", 1);
     CHECK(strcmp(kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar gave %s", kernels_best()->name);
-    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact"};
+    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact", "amx"};
     for (int i = 0; i < COUNT(names); i++) {
         const kernels *k = kernels_by_name(names[i]);
         CHECK(!k || strcmp(k->name, names[i]) == 0, "kernels_by_name(%s) gave %s", names[i], k->name);

@@ -6,7 +6,8 @@
  * (pred_gemv.h, F16 and Q8_0 rows) on the predictors' two shapes, and decode attention's K . q
  * scores read head by head against position by position. Last, the
  * machine's int8 multiply-add peak (int8_peak.h) on one thread and on every
- * CPU at once: the limit the quantized matrix products are judged against. */
+ * CPU at once: the limit the quantized matrix products are judged against;
+ * and the prefill product (gemm.h) of each set against it. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -261,8 +262,9 @@ static void *peak_thread(void *arg) {
     return NULL;
 }
 
-/* GMAC/s of int8 multiply-adds on 1 thread, then on n_threads at once (their sum). */
-static void bench_int8_peak(int n_threads, double seconds) {
+/* GMAC/s of int8 multiply-adds on 1 thread, then on n_threads at once (their
+ * sum); returns the 1-thread figure (multiply-adds per second). */
+static double bench_int8_peak(int n_threads, double seconds) {
     peak_job one = {seconds, 0, NULL}, all[64];
     peak_thread(&one);
     if (n_threads > 64) n_threads = 64;
@@ -280,6 +282,57 @@ static void bench_int8_peak(int n_threads, double seconds) {
     }
     printf("\nint8 multiply-add peak (%s, no memory traffic): 1 thread %.1f GMAC/s, %d threads %.1f GMAC/s\n",
            one.isa, one.macs / 1e9, started, sum / 1e9);
+    return one.macs;
+}
+
+/* The prefill product (gemm.h) on one thread: a 7B layer's gate matrix (11008
+ * rows of 4096 Q4_0 columns, 24 MiB: read from memory once per call) times
+ * 128 and 512 tokens, in GMAC/s and as a share of the 1-thread int8 peak
+ * (AMX's tiles are not in that peak: they can pass it). */
+static void bench_gemm(const kernels *const *isas, int n_isas, uint8_t *w, size_t big_bytes, double seconds,
+                       double peak) {
+    const int rows = 11008, n = 4096, nb = n / QK4_0, token_counts[] = {128, 512};
+    const size_t row_bytes = (size_t)nb * sizeof(block_q4_0);
+    if ((size_t)rows * row_bytes > big_bytes) return;
+    fill_weights(KIND_Q4_0, w, (size_t)rows * row_bytes, row_bytes, n);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    block_q8_0 *x8 = malloc(sizeof(block_q8_0) * (size_t)nb * 512);
+    const block_q8_0 **xs = malloc(sizeof *xs * 512);
+    float *y = malloc(sizeof(float) * (size_t)rows * 512);
+    void *scratch = aligned_alloc(64, (gemm_scratch_bytes(nb) + 63) / 64 * 64);
+    gemm_acts acts;
+    if (!x || !x8 || !xs || !y || !scratch || gemm_acts_init(&acts, 512, n)) {
+        log_error("out of memory for the GEMM table");
+        exit(1);
+    }
+    for (int t = 0; t < 512; t++) {
+        for (int i = 0; i < n; i++) x[i] = rng_float();
+        quantize_row(GGML_TYPE_Q8_0, x, x8 + (size_t)t * nb, n);
+        xs[t] = x8 + (size_t)t * nb;
+    }
+    printf("\nprefill product (gemm_q4_0), %d x %d Q4_0 weights, 1 thread\n", rows, n);
+    printf("%-12s %8s %12s %10s\n", "isa", "tokens", "GMAC/s", "of peak");
+    for (int i = 0; i < n_isas; i++) {
+        if (!isas[i] || !isas[i]->gemm_q4_0 || isas[i]->gemm_q4_0 == gemm_q4_0_ref) continue;
+        for (size_t c = 0; c < sizeof token_counts / sizeof *token_counts; c++) {
+            const int n_tok = token_counts[c];
+            gemm_acts_pack(&acts, xs, n_tok, n);
+            long calls = 0;
+            const uint64_t t0 = clock_us();
+            uint64_t took;
+            do {
+                isas[i]->gemm_q4_0((const block_q4_0 *)w, row_bytes, rows, &acts, y, (size_t)rows, scratch);
+                calls++;
+                took = clock_us() - t0;
+            } while (took < seconds * 1e6);
+            sink = y[rows - 1];
+            const double macs = (double)calls * rows * (double)n * n_tok / (took / 1e6);
+            printf("%-12s %8d %12.1f %9.0f%%\n", isas[i]->name, n_tok, macs / 1e9, peak > 0 ? 100 * macs / peak : 0);
+            fflush(stdout);
+        }
+    }
+    gemm_acts_free(&acts);
+    free(scratch), free(y), free(xs), free(x8), free(x);
 }
 
 static void usage(FILE *out, const char *prog) {
@@ -291,7 +344,7 @@ static void usage(FILE *out, const char *prog) {
             "  -m MIB      out-of-cache matrix size (default 512 MiB, far above L3)\n"
             "  -s SECONDS  minimum time per measurement (default 0.5)\n"
             "  -k SETS     kernel sets to time, comma-separated (default: every set this\n"
-            "              CPU runs of scalar,avx2,avx512,avx512-exact)\n",
+            "              CPU runs of scalar,avx2,avx512,avx512-exact,amx)\n",
             prog);
 }
 
@@ -337,13 +390,13 @@ int main(int argc, char **argv) {
     const kernels *isas[8];
     int n_isas = 0;
     if (!set_names) {
-        const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact()};
+        const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact(), kernels_amx()};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) isas[n_isas++] = all[i];
     } else {
         for (char *save = NULL, *name = strtok_r(set_names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
             const kernels *k = kernels_by_name(name);
             if (!k) {
-                log_error("-k %s: not a kernel set this CPU runs (scalar, avx2, avx512, avx512-exact)", name);
+                log_error("-k %s: not a kernel set this CPU runs (scalar, avx2, avx512, avx512-exact, amx)", name);
                 return 2;
             }
             if (n_isas == (int)(sizeof isas / sizeof *isas)) {
@@ -386,7 +439,8 @@ int main(int argc, char **argv) {
     }
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
-    bench_int8_peak((int)sysconf(_SC_NPROCESSORS_ONLN), min_seconds);
+    const double peak = bench_int8_peak((int)sysconf(_SC_NPROCESSORS_ONLN), min_seconds);
+    bench_gemm(isas, n_isas, w, big_bytes, min_seconds, peak);
     free(gemv_out);
     free(w);
     free(x8);

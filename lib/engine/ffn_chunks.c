@@ -49,7 +49,7 @@ void ffn_scratch_free(ffn_scratch *s) {
 const sparse_kernels *ffn_gather_for(const kernels *k) {
     const sparse_kernels *sets[] = {sparse_kernels_avx512(), sparse_kernels_avx2(), sparse_kernels_scalar()};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-        if (sets[i] && sparse_kernels_dense_match(sets[i]) == k) return sets[i];
+        if (sets[i] && sparse_kernels_dense_match(sets[i]) == kernels_decode_set(k)) return sets[i];
     return NULL;
 }
 

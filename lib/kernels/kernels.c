@@ -1,9 +1,12 @@
 /* Run-time choice of the kernel set. The SIMD tables live in files compiled
  * with their ISA flags; this file is baseline x86-64 so it can run the CPU
  * checks before any of that code executes. */
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
 #include "util/log.h"
@@ -35,18 +38,49 @@ static int cpu_runs_avx512(void) {
 const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? &kernels_avx512_impl : NULL; }
 const kernels *kernels_avx512_exact(void) { return cpu_runs_avx512() ? &kernels_avx512_exact_impl : NULL; }
 
+/* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and Linux's leave to
+ * use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA,
+ * once for the whole process) */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!cpu_runs_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return 0;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static kernels amx_set;
+static int amx_ok;
+
+static void make_amx_set(void) {
+    if (!(amx_ok = amx_usable())) return;
+    amx_set = kernels_avx512_impl;
+    amx_set.name = "amx";
+    amx_set.gemm_q4_0 = gemm_q4_0_amx;
+}
+
+const kernels *kernels_amx(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_amx_set);
+    return amx_ok ? &amx_set : NULL;
+}
+
+const kernels *kernels_decode_set(const kernels *k) { return k && k == kernels_amx() ? &kernels_avx512_impl : k; }
+
 const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return kernels_scalar();
     if (strcmp(name, "avx2") == 0) return kernels_avx2();
     if (strcmp(name, "avx512") == 0) return kernels_avx512();
     if (strcmp(name, "avx512-exact") == 0) return kernels_avx512_exact();
+    if (strcmp(name, "amx") == 0) return kernels_amx();
     return NULL;
 }
 
 static const kernels *chosen;
 
 static void choose_kernels(void) {
-    const kernels *fastest = kernels_avx512();
+    const kernels *fastest = kernels_amx();
+    if (!fastest) fastest = kernels_avx512();
     if (!fastest) fastest = kernels_avx2();
     if (!fastest) fastest = kernels_scalar();
     chosen = fastest;
@@ -55,7 +89,7 @@ static void choose_kernels(void) {
     if (!want || !*want) return;
     const kernels *forced = kernels_by_name(want);
     if (!forced) {
-        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact that this CPU can run; using %s", want,
+        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact|amx that this CPU can run; using %s", want,
                  fastest->name);
         return;
     }

@@ -1,7 +1,7 @@
 /* Hot kernels: quantization, dequantization and dot products for the
  * weight types pi2 supports. Each has a scalar reference; AVX2 and AVX-512
- * versions are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact
- * forces one). avx512-exact is avx512 with llama.cpp's (slower) summation
+ * versions are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx
+ * forces one; amx is avx512 with the prefill product on AMX tiles). avx512-exact is avx512 with llama.cpp's (slower) summation
  * order in the quantized dots: it exists to show agreement with llama.cpp
  * bit for bit (tests/test_oracle.c), the default avx512 is for speed.
  *
@@ -15,9 +15,10 @@
 #include <stdint.h>
 
 #include "gguf/ggml_types.h"
+#include "kernels/gemm.h"
 
 typedef struct {
-    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact", "amx" */
     /* n: any length */
     float (*dot_f32)(const float *w, const float *x, int n);
     float (*dot_f16)(const uint16_t *w, const uint16_t *x, int n);
@@ -38,6 +39,9 @@ typedef struct {
      * after row r-1, bit for bit. Faster than nrows dot calls: the activation-side
      * work (regrouping, offset correction, scales) is done once for all rows. */
     void (*gemv_q4_0)(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
+    /* the prefill's Q4_0 weights x tokens product (gemm.h: its own summation
+     * order, the same bits in every set) */
+    gemm_q4_0_fn gemm_q4_0;
     /* y[i] = exp(x[i] - max) for i < n; returns their sum (in double, as ggml) */
     double (*softmax_exp)(float *y, const float *x, float max, int n);
     /* h[i] = silu(g[i]) * u[i]; each h[i] depends on g[i] and u[i] alone, not on
@@ -50,7 +54,14 @@ const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 const kernels *kernels_avx512_exact(void); /* likewise */
-/* "scalar", "avx2", "avx512" or "avx512-exact"; NULL if unknown or this CPU cannot run it */
+/* avx512 with the prefill product on AMX tiles; NULL without AMX-INT8 or the
+ * kernel's leave to use it */
+const kernels *kernels_amx(void);
+/* The set whose decode kernels k has: k itself, or avx512 for amx (which
+ * differs from it only in the prefill product). The decode-side families
+ * (sparse gathers, predictor GEMV) pair with a dense set through this. */
+const kernels *kernels_decode_set(const kernels *k);
+/* "scalar", "avx2", "avx512", "avx512-exact" or "amx"; NULL if unknown or this CPU cannot run it */
 const kernels *kernels_by_name(const char *name);
 
 /* Reference (scalar) conversions; also used for writing weights. */

@@ -75,6 +75,7 @@ const kernels kernels_avx2_impl = {
     .f32_to_f16_row = f32_to_f16_row_avx2,
     .axpy_f32 = axpy_f32_avx2,
     .gemv_q4_0 = gemv_q4_0_avx2,
+    .gemm_q4_0 = gemm_q4_0_avx2,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
 };

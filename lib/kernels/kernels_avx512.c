@@ -175,6 +175,7 @@ const kernels kernels_avx512_impl = {
     .dot_q8_0 = dot_q8_0_fast_avx512,
     .dot_q4_0 = dot_q4_0_fast_avx512,
     .gemv_q4_0 = gemv_q4_0_fast_avx512,
+    .gemm_q4_0 = gemm_q4_0_avx512,
 };
 
 const kernels kernels_avx512_exact_impl = {
@@ -183,4 +184,5 @@ const kernels kernels_avx512_exact_impl = {
     .dot_q8_0 = dot_q8_0_exact_avx512,
     .dot_q4_0 = dot_q4_0_exact_avx512,
     .gemv_q4_0 = gemv_q4_0_exact_avx512,
+    .gemm_q4_0 = gemm_q4_0_avx512,
 };

@@ -193,6 +193,7 @@ const kernels kernels_scalar_impl = {
     .f32_to_f16_row = f32_to_f16_row_scalar,
     .axpy_f32 = axpy_f32_scalar,
     .gemv_q4_0 = gemv_q4_0_scalar,
+    .gemm_q4_0 = gemm_q4_0_ref,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
 };

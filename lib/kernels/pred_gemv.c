@@ -38,5 +38,5 @@ pred_gemv_f16_fn pred_gemv_f16_best(void) {
 }
 
 pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
-    return k && k == kernels_avx512() ? pred_gemv_q8_0_avx512_impl : NULL; /* q8_row's bits: the default avx512 set */
+    return k && kernels_decode_set(k) == kernels_avx512() ? pred_gemv_q8_0_avx512_impl : NULL; /* q8_row's bits: the default avx512 set */
 }

@@ -25,7 +25,7 @@ const kernels *sparse_kernels_dense_match(const sparse_kernels *k) {
 
 /* kernels_best() already applied PI2_KERNELS (and warned about bad values) */
 const sparse_kernels *sparse_kernels_best(void) {
-    const char *dense = kernels_best()->name;
+    const char *dense = kernels_decode_set(kernels_best())->name;
     /* "avx512" or "avx512-exact": the dots then match only the default order, and
      * the engine's gate-first FFN falls back to dense row dots under -exact */
     if (strncmp(dense, "avx512", 6) == 0) return sparse_kernels_avx512();
