@@ -1,8 +1,8 @@
-/* Dense prefill of a prompt (docs/stack.md, "Prefill"): all tokens through
- * every layer, weights x tokens as blocked products (gemm.h), the KV cache
- * written for every prompt position, and the last token's residual and
- * logits left in the act region for the coordinator to sample from. The
- * batch's hidden states stay in this process's memory. */
+/* Dense prefill of a prompt (docs/stack.md, "Prefill"): the prompt pass
+ * (engine/prompt.h, the one pi2-ref runs) over the stack's weights, the KV
+ * cache written for every prompt position in shared memory, and the last
+ * token's residual and logits left in the act region for the coordinator to
+ * sample from. The batch's hidden states stay in this process's memory. */
 #ifndef PI2_PREFILL_H
 #define PI2_PREFILL_H
 

@@ -24,7 +24,7 @@ typedef struct {
     int ignore_eos, load;
     ffn_mode ffn;
     const char *predictor_path;
-    int llama_compat;
+    int llama_compat, token_prompt;
 } options;
 
 static void usage(FILE *f) {
@@ -54,12 +54,14 @@ static void usage(FILE *f) {
             "      --llama-compat   reproduce llama.cpp's CPU outputs to their last digits (SiLU models,\n"
             "                       dense FFN, AVX-512): its summation orders, and the prompt as one\n"
             "                       batch as llama.cpp runs it (slower; a check, not the product's path)\n"
+            "      --token-prompt   run the prompt token by token, as the stack does without an npu-worker\n"
+            "                       (default: the npu-worker's prompt pass, docs/prefill.md)\n"
             "  -h, --help           this help\n"
-            "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact\n");
+            "Environment: PI2_LOG=debug|info|warn|error, PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN, OPT_PREDICTOR, OPT_LLAMA };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_LOAD, OPT_FFN, OPT_PREDICTOR, OPT_LLAMA, OPT_TOKEN_PROMPT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -67,7 +69,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"load", no_argument, 0, OPT_LOAD}, {"ffn", required_argument, 0, OPT_FFN},
-        {"predictor", required_argument, 0, OPT_PREDICTOR}, {"llama-compat", no_argument, 0, OPT_LLAMA}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"predictor", required_argument, 0, OPT_PREDICTOR}, {"llama-compat", no_argument, 0, OPT_LLAMA},
+        {"token-prompt", no_argument, 0, OPT_TOKEN_PROMPT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.prompt = "", .n_predict = 64, .n_threads = 2, .top_k = 40, .temp = 0.8f, .top_p = 0.95f,
                    .seed = (uint64_t)time(NULL)};
     long v;
@@ -88,6 +91,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, NULL)) return -1; ffn_given = 1; break;
         case OPT_PREDICTOR: o->predictor_path = optarg; break;
         case OPT_LLAMA: o->llama_compat = 1; break;
+        case OPT_TOKEN_PROMPT: o->token_prompt = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -166,6 +170,7 @@ static int generate(const options *o, const model *m, const tokenizer *tok, engi
 /* Loads the predictor (if the mode needs one) and sets the engine up; 0, or -1 after logging why. */
 static int setup_engine(const options *o, const model *m, engine *e, predictor **pred) {
     char err[512];
+    engine_set_token_prompt(e, o->token_prompt);
     if (o->llama_compat && engine_set_llama_compat(e, true, err, sizeof err)) {
         log_error("--llama-compat: %s", err);
         return -1;

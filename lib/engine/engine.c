@@ -98,6 +98,7 @@ void engine_free(engine *e) {
     free(e->scratch); free(e->chunk_stats); free(e->partials);
     down_t_free(e);
     predictor_buffers_free(e);
+    prompt_pass_free(e->prompt);
     free(e);
 }
 

@@ -26,9 +26,18 @@ int engine_n_ctx(const engine *e);
 float *engine_forward(engine *e, int token, int pos);
 
 /* Run the prompt tokens[0..n) at positions 0..n-1 (a fresh sequence) and
- * return the last one's logits, as engine_forward; NULL on a bad token or n.
- * Token by token, unless llama.cpp compatibility is on (below). */
+ * return the last one's logits, as engine_forward; NULL on a bad token or n
+ * (or out of memory). By the prompt pass the stack's npu-worker runs
+ * (engine/prompt.h), in blocks of ENGINE_PROMPT_BLOCK tokens, so the two
+ * agree bit for bit; token by token with engine_forward when
+ * engine_set_token_prompt is on, while an FFN observer or firing counts
+ * watch every token, or on a model the pass does not take (ffn_down_t only);
+ * as llama.cpp when its compatibility is on (below). */
 float *engine_prefill(engine *e, const int *tokens, int n);
+#define ENGINE_PROMPT_BLOCK 256
+
+/* Prompt token by token (as the stack does without an npu-worker). */
+void engine_set_token_prompt(engine *e, bool on);
 
 /* llama.cpp compatibility, to show agreement with its outputs (build 4748, CPU
  * backend: ../shared/oracle) to the last printed digit with the avx512-exact

@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "engine/ops.h"
+#include "engine/prompt.h"
 #include "kernels/sparse_kernels.h"
 #include "util/threadpool.h"
 #include "kernels/tinyblas.h"
@@ -43,6 +44,8 @@ struct engine {
     act_vec pred_conv;                /* for max(n_embd, max rank) */
     engine_ffn_stats_t stats;
     bool llama;                       /* llama.cpp compatibility (engine_set_llama_compat) */
+    bool token_prompt;                /* engine_set_token_prompt */
+    prompt_pass *prompt;              /* made at the first engine_prefill that runs it */
     const tinyblas_kernels *tb;
 };
 

@@ -1,6 +1,6 @@
-/* The reference engine's prompt: token by token, or — in llama.cpp
- * compatibility mode (engine_set_llama_compat) — as llama.cpp's CPU backend
- * runs a prompt batch: F32 weight products and attention in tinyBLAS order
+/* The reference engine's prompt: by the prompt pass (prompt.h), token by
+ * token, or — in llama.cpp compatibility mode (engine_set_llama_compat) — as
+ * llama.cpp's CPU backend runs a prompt batch: F32 weight products and attention in tinyBLAS order
  * where llama.cpp takes it (lib/kernels/tinyblas.h), so pi2 can be checked against
  * llama.cpp's outputs to their printed digits. */
 #include <stdio.h>
@@ -232,11 +232,35 @@ static float *prefill_batch(engine *e, const int *tokens, int n) {
     return e->logits;
 }
 
+/* ---- the prompt pass (prompt.h), the stack's npu-worker's arithmetic ---- */
+
+void engine_set_token_prompt(engine *e, bool on) { e->token_prompt = on; }
+
+_Static_assert(sizeof(int) == sizeof(int32_t), "prompt tokens are passed on as int32_t");
+
+static kv_layer engine_kv(void *ctx, int layer) { return engine_layer_cache(ctx, layer); }
+
+static float *prefill_blocks(engine *e, const int *tokens, int n) {
+    if (!e->prompt) {
+        char err[160];
+        const int block = e->n_ctx < ENGINE_PROMPT_BLOCK ? e->n_ctx : ENGINE_PROMPT_BLOCK;
+        if (!(e->prompt = prompt_pass_new(e->m, e->k, e->pool, block, e->n_ctx, err, sizeof err))) return NULL;
+    }
+    for (int first = 0; first < n; first += ENGINE_PROMPT_BLOCK) {
+        const int count = n - first < ENGINE_PROMPT_BLOCK ? n - first : ENGINE_PROMPT_BLOCK;
+        prompt_pass_run(e->prompt, (const int32_t *)tokens + first, count, first, engine_kv, e, NULL, NULL);
+        if (first + count == n) prompt_pass_logits(e->prompt, count, e->logits);
+    }
+    return e->logits;
+}
+
 float *engine_prefill(engine *e, const int *tokens, int n) {
     if (n <= 0 || n > e->n_ctx) return NULL;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= e->m->n_vocab) return NULL;
     if (e->llama && n >= 2) return prefill_batch(e, tokens, n);
+    if (!e->llama && !e->token_prompt && !e->observer && !e->fire_counts && prompt_pass_takes(e->m))
+        return prefill_blocks(e, tokens, n);
     float *logits = NULL;
     for (int t = 0; t < n; t++) logits = engine_forward(e, tokens[t], t);
     return logits;

@@ -1,0 +1,341 @@
+/* The dense prompt pass (prompt.h). */
+#include "engine/prompt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct prompt_pass {
+    const model *m;
+    const kernels *k;
+    threadpool *pool;
+    int max_tok, n_ctx, kv_dim, wide, n_threads;
+    /* per token t, row t of each [max_tok][width] buffer */
+    float *x;        /* residual, [n_embd] */
+    float *xb;       /* normalized residual, [n_embd] */
+    float *q;        /* [n_embd] */
+    float *kk, *vv;  /* [kv_dim] */
+    uint16_t *q16;   /* [n_embd] */
+    float *rope_cs;  /* [head_dim]: rope_angles at the token's position, the same in every layer */
+    float *att;      /* attention output, [n_embd] */
+    float *gate, *up; /* [n_ff] */
+    float *hb;       /* FFN activations, [n_ff] */
+    float *proj;     /* Wo / down result before the residual add, [n_embd] */
+    act_vec *in;     /* [max_tok] conversions, each up to `wide` elements */
+    uint16_t *in_f16;
+    block_q8_0 *in_q8;
+    gemm_acts acts;  /* the current input packed for the prefill product */
+    void **scratch;  /* [n_threads] gemm_scratch_bytes(wide / 32) each */
+    float *scores;   /* [n_threads][n_head][n_ctx] */
+    uint16_t *probs16;
+    float *logits_in; /* [n_embd]: the last token normalized for the output matrix */
+};
+
+static float *row_of(float *buf, int t, int width) { return buf + (size_t)t * (size_t)width; }
+
+bool prompt_pass_takes(const model *m) {
+    for (int l = 0; l < m->n_layer; l++)
+        if (!m->layers[l].down.data) return false;
+    return true;
+}
+
+static bool packed_product(const kernels *k, const weight *w) {
+    return w->type == GGML_TYPE_Q4_0 && k->gemm_q4_0;
+}
+
+/* ---- weights x tokens ---- */
+
+/* Rows per tile of the per-(row, token) path: a quarter of a 1 MiB L2, so a
+ * tile is fetched from memory once and dotted with every token in cache. */
+#define ROW_TILE_BYTES (256u << 10)
+
+/* out[t * stride + r] = W[r] . in[t] for rows [r0, r1) and every token */
+static void product_rows(prompt_pass *p, const weight *w, int n_tok, float *out, size_t stride, long r0, long r1,
+                         void *scratch) {
+    if (packed_product(p->k, w)) {
+        const block_q4_0 *rows = (const block_q4_0 *)((const char *)w->data + (size_t)r0 * w->row_bytes);
+        p->k->gemm_q4_0(rows, w->row_bytes, (int)(r1 - r0), &p->acts, out + r0, stride, scratch);
+        return;
+    }
+    long tile = (long)(ROW_TILE_BYTES / (w->row_bytes ? w->row_bytes : 1));
+    if (tile < 1) tile = 1;
+    for (long t0 = r0; t0 < r1; t0 += tile) {
+        const long t1 = t0 + tile < r1 ? t0 + tile : r1;
+        for (int t = 0; t < n_tok; t++) matvec_rows(p->k, w, &p->in[t], out + (size_t)t * stride, t0, t1);
+    }
+}
+
+/* Rows of up to three weights over all tokens, shared out as one range of rows
+ * (in whole tiles of GEMM_TILE, so no thread re-lays a tile another has). */
+typedef struct {
+    prompt_pass *p;
+    int n_tok, n;
+    const weight *w[3];
+    float *out[3];
+    int width[3]; /* out row stride per token */
+} product_job;
+
+static void product_worker(void *ctx, int ith, int nth) {
+    product_job *j = ctx;
+    long tiles = 0;
+    for (int i = 0; i < j->n; i++) tiles += (j->w[i]->rows + GEMM_TILE - 1) / GEMM_TILE;
+    long begin, end, base = 0;
+    pool_split(tiles, ith, nth, &begin, &end);
+    for (int i = 0; i < j->n; i++) {
+        const long rows = j->w[i]->rows, n_tiles = (rows + GEMM_TILE - 1) / GEMM_TILE;
+        const long lo = begin > base ? begin - base : 0, hi = end - base < n_tiles ? end - base : n_tiles;
+        if (lo < hi) {
+            const long r0 = lo * GEMM_TILE, r1 = hi * GEMM_TILE < rows ? hi * GEMM_TILE : rows;
+            product_rows(j->p, j->w[i], j->n_tok, j->out[i], (size_t)j->width[i], r0, r1, j->p->scratch[ith]);
+        }
+        base += n_tiles;
+    }
+}
+
+static void product(prompt_pass *p, int n_tok, int n, const weight *w0, float *o0, int s0, const weight *w1, float *o1,
+                    int s1, const weight *w2, float *o2, int s2) {
+    product_job j = {p, n_tok, n, {w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}};
+    pool_run(p->pool, product_worker, &j);
+}
+
+static void product_one(prompt_pass *p, int n_tok, const weight *w, float *out, int stride) {
+    product(p, n_tok, 1, w, out, stride, NULL, NULL, 0, NULL, NULL, 0);
+}
+
+/* ---- per-token steps ---- */
+
+typedef enum {
+    TOK_ATTN_IN,    /* rmsnorm + convert for Q/K/V */
+    TOK_ROPE_STORE, /* RoPE, KV store, Q to F16 */
+    TOK_WO_IN,      /* convert attention output for Wo */
+    TOK_ATTN_ADD,   /* x += Wo . att */
+    TOK_FFN_IN,     /* rmsnorm + convert for gate/up */
+    TOK_FFN_ACT,    /* hb = act(gate) * up */
+    TOK_DOWN_IN,    /* convert hb for down */
+    TOK_FFN_ADD,    /* x += down . hb */
+} token_step;
+
+typedef struct {
+    prompt_pass *p;
+    token_step step;
+    int layer, n_tok, first;
+    kv_layer kv;
+} token_job;
+
+/* convert x for the weights ws; a token packed for the prefill product too when one of them takes it */
+static void convert(prompt_pass *p, int t, const float *x, int n, const weight *const *ws, int nw) {
+    act_convert_for(p->k, &p->in[t], x, n, ws, nw);
+    for (int i = 0; i < nw; i++)
+        if (packed_product(p->k, ws[i])) {
+            gemm_acts_put(&p->acts, t, p->in[t].q8);
+            return;
+        }
+}
+
+static void token_one(const token_job *j, int t) {
+    prompt_pass *p = j->p;
+    const model *m = p->m;
+    const layer_weights *w = &m->layers[j->layer];
+    const int ne = m->n_embd;
+    float *x = row_of(p->x, t, ne), *xb = row_of(p->xb, t, ne);
+    switch (j->step) {
+    case TOK_ATTN_IN: {
+        rmsnorm(xb, x, w->attn_norm, ne, m->rms_eps);
+        const weight *ws[3] = {&w->wq, &w->wk, &w->wv};
+        convert(p, t, xb, ne, ws, 3);
+        break;
+    }
+    case TOK_ROPE_STORE: {
+        float *q = row_of(p->q, t, ne), *kk = row_of(p->kk, t, p->kv_dim);
+        const float *cs = row_of(p->rope_cs, t, m->head_dim);
+        rope_apply(q, m->n_head, m->head_dim, cs);
+        rope_apply(kk, m->n_head_kv, m->head_dim, cs);
+        kv_store(p->k, &j->kv, j->first + t, kk, row_of(p->vv, t, p->kv_dim));
+        p->k->f32_to_f16_row(q, p->q16 + (size_t)t * ne, ne);
+        break;
+    }
+    case TOK_WO_IN: {
+        const weight *ws[1] = {&w->wo};
+        convert(p, t, row_of(p->att, t, ne), ne, ws, 1);
+        break;
+    }
+    case TOK_ATTN_ADD:
+    case TOK_FFN_ADD: {
+        const float *proj = row_of(p->proj, t, ne);
+        for (int i = 0; i < ne; i++) x[i] += proj[i];
+        break;
+    }
+    case TOK_FFN_IN: {
+        rmsnorm(xb, x, w->ffn_norm, ne, m->rms_eps);
+        const weight *ws[2] = {&w->gate, &w->up};
+        convert(p, t, xb, ne, ws, 2);
+        break;
+    }
+    case TOK_FFN_ACT: {
+        const float *g = row_of(p->gate, t, m->n_ff), *u = row_of(p->up, t, m->n_ff);
+        float *h = row_of(p->hb, t, m->n_ff);
+        if (m->act == FFN_SILU) p->k->silu_mul(h, g, u, m->n_ff);
+        else
+            for (int i = 0; i < m->n_ff; i++) h[i] = ffn_act_relu(m->act, g[i], u[i]);
+        break;
+    }
+    case TOK_DOWN_IN: {
+        const weight *ws[1] = {&w->down};
+        convert(p, t, row_of(p->hb, t, m->n_ff), m->n_ff, ws, 1);
+        break;
+    }
+    }
+}
+
+static void token_worker(void *ctx, int ith, int nth) {
+    token_job *j = ctx;
+    long t0, t1;
+    pool_split(j->n_tok, ith, nth, &t0, &t1);
+    for (long t = t0; t < t1; t++) token_one(j, (int)t);
+}
+
+/* step for every token; an input step first shapes the packed activations (n columns) */
+static void per_token(prompt_pass *p, token_step step, const token_job *base, int n_cols) {
+    token_job j = *base;
+    j.step = step;
+    if (n_cols) gemm_acts_begin(&p->acts, j.n_tok, n_cols);
+    pool_run(p->pool, token_worker, &j);
+}
+
+/* Causal attention: token t attends to positions 0 .. first + t, all stored
+ * before this runs. (token, head) pairs are dealt round-robin because later
+ * tokens cost more. */
+static void attention_worker(void *ctx, int ith, int nth) {
+    token_job *j = ctx;
+    prompt_pass *p = j->p;
+    const model *m = p->m;
+    const size_t per_thread = (size_t)m->n_head * (size_t)p->n_ctx;
+    float *scores = p->scores + (size_t)ith * per_thread;
+    uint16_t *probs16 = p->probs16 + (size_t)ith * per_thread;
+    const long pairs = (long)j->n_tok * m->n_head;
+    for (long i = ith; i < pairs; i += nth) {
+        const int t = (int)(i / m->n_head);
+        const long h = i % m->n_head;
+        attention_heads(p->k, m, &j->kv, p->q16 + (size_t)t * m->n_embd, j->first + t, scores, probs16,
+                        row_of(p->att, t, m->n_embd), h, h + 1);
+    }
+}
+
+/* ---- the pass ---- */
+
+static void layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv) {
+    const model *m = p->m;
+    const layer_weights *w = &m->layers[l];
+    const int ne = m->n_embd, kvd = p->kv_dim, nf = m->n_ff;
+    const token_job j = {p, TOK_ATTN_IN, l, n, first, kv};
+    per_token(p, TOK_ATTN_IN, &j, ne);
+    product(p, n, 3, &w->wq, p->q, ne, &w->wk, p->kk, kvd, &w->wv, p->vv, kvd);
+    per_token(p, TOK_ROPE_STORE, &j, 0);
+    pool_run(p->pool, attention_worker, (void *)&j);
+    per_token(p, TOK_WO_IN, &j, ne);
+    product_one(p, n, &w->wo, p->proj, ne);
+    per_token(p, TOK_ATTN_ADD, &j, 0);
+    per_token(p, TOK_FFN_IN, &j, ne);
+    product(p, n, 2, &w->gate, p->gate, nf, &w->up, p->up, nf, NULL, NULL, 0);
+    per_token(p, TOK_FFN_ACT, &j, 0);
+    per_token(p, TOK_DOWN_IN, &j, nf);
+    product_one(p, n, &w->down, p->proj, ne);
+    per_token(p, TOK_FFN_ADD, &j, 0);
+}
+
+int prompt_pass_run(prompt_pass *p, const int32_t *tokens, int n, int first, prompt_kv_fn kv, void *kv_ctx,
+                    prompt_step_fn step, void *step_ctx) {
+    const model *m = p->m;
+    for (int t = 0; t < n; t++) {
+        dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
+                       row_of(p->x, t, m->n_embd), m->n_embd);
+        rope_angles(row_of(p->rope_cs, t, m->head_dim), m->head_dim, first + t, m->rope_base);
+    }
+    for (int l = 0; l < m->n_layer; l++) {
+        if (step && step(step_ctx, l)) return -1;
+        layer_pass(p, l, n, first, kv(kv_ctx, l));
+    }
+    return step && step(step_ctx, m->n_layer) ? -1 : 0;
+}
+
+const float *prompt_pass_last_residual(const prompt_pass *p, int n) { return p->x + (size_t)(n - 1) * p->m->n_embd; }
+
+void prompt_pass_logits(prompt_pass *p, int n, float *out) {
+    const model *m = p->m;
+    rmsnorm(p->logits_in, prompt_pass_last_residual(p, n), m->output_norm, m->n_embd, m->rms_eps);
+    const weight *ws[1] = {&m->output};
+    gemm_acts_begin(&p->acts, 1, m->n_embd);
+    convert(p, 0, p->logits_in, m->n_embd, ws, 1);
+    product_one(p, 1, &m->output, out, m->n_vocab);
+}
+
+/* ---- set-up ---- */
+
+static void *alloc_zero(size_t n, size_t size, int *failed) {
+    void *ptr = calloc(n ? n : 1, size);
+    if (!ptr) *failed = 1;
+    return ptr;
+}
+
+prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
+                             size_t errlen) {
+    prompt_pass *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->m = m;
+    p->k = k;
+    p->pool = pool;
+    p->max_tok = max_tok;
+    p->n_ctx = n_ctx;
+    p->kv_dim = m->n_head_kv * m->head_dim;
+    p->wide = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
+    int bad = 0;
+    const size_t T = (size_t)max_tok, ne = (size_t)m->n_embd, kvd = (size_t)p->kv_dim, wide = (size_t)p->wide,
+                 nf = (size_t)m->n_ff;
+    const size_t q8_blocks = wide / QK8_0 + 1, att_scratch = (size_t)m->n_head * (size_t)n_ctx;
+    p->n_threads = pool_size(pool);
+    const size_t nth = (size_t)p->n_threads;
+    p->x = alloc_zero(T * ne, sizeof(float), &bad);
+    p->xb = alloc_zero(T * ne, sizeof(float), &bad);
+    p->q = alloc_zero(T * ne, sizeof(float), &bad);
+    p->kk = alloc_zero(T * kvd, sizeof(float), &bad);
+    p->vv = alloc_zero(T * kvd, sizeof(float), &bad);
+    p->q16 = alloc_zero(T * ne, sizeof(uint16_t), &bad);
+    p->rope_cs = alloc_zero(T * (size_t)m->head_dim, sizeof(float), &bad);
+    p->att = alloc_zero(T * ne, sizeof(float), &bad);
+    p->gate = alloc_zero(T * nf, sizeof(float), &bad);
+    p->up = alloc_zero(T * nf, sizeof(float), &bad);
+    p->hb = alloc_zero(T * nf, sizeof(float), &bad);
+    p->proj = alloc_zero(T * ne, sizeof(float), &bad);
+    p->in = alloc_zero(T, sizeof(act_vec), &bad);
+    p->in_f16 = alloc_zero(T * wide, sizeof(uint16_t), &bad);
+    p->in_q8 = alloc_zero(T * q8_blocks, sizeof(block_q8_0), &bad);
+    p->scores = alloc_zero(nth * att_scratch, sizeof(float), &bad);
+    p->probs16 = alloc_zero(nth * att_scratch, sizeof(uint16_t), &bad);
+    p->logits_in = alloc_zero(ne, sizeof(float), &bad);
+    p->scratch = alloc_zero(nth, sizeof(void *), &bad);
+    const size_t scratch_bytes = (gemm_scratch_bytes(p->wide / QK8_0) + 63) / 64 * 64;
+    for (size_t i = 0; !bad && i < nth; i++)
+        if (!(p->scratch[i] = aligned_alloc(64, scratch_bytes))) bad = 1;
+    if (!bad && gemm_acts_init(&p->acts, max_tok, p->wide / QK8_0 * QK8_0)) bad = 1;
+    if (bad) {
+        snprintf(err, errlen, "out of memory allocating prompt buffers for %d tokens", max_tok);
+        prompt_pass_free(p);
+        return NULL;
+    }
+    for (size_t t = 0; t < T; t++) p->in[t] = (act_vec){NULL, p->in_f16 + t * wide, p->in_q8 + t * q8_blocks};
+    return p;
+}
+
+void prompt_pass_free(prompt_pass *p) {
+    if (!p) return;
+    if (p->scratch)
+        for (int i = 0; i < p->n_threads; i++) free(p->scratch[i]);
+    gemm_acts_free(&p->acts);
+    free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->rope_cs); free(p->att);
+    free(p->gate); free(p->up); free(p->hb); free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8);
+    free(p->scores); free(p->probs16); free(p->logits_in); free(p->scratch);
+    free(p);
+}

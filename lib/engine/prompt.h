@@ -1,0 +1,59 @@
+/* The dense prompt pass: a block of prompt tokens through every layer at
+ * once, each weight matrix times all the tokens as one product. The
+ * stack's npu-worker and pi2-ref's engine_prefill both run it, so a prompt
+ * gives the same bits in either (docs/prefill.md).
+ *
+ * Q4_0 weights go through the kernel set's prefill product (kernels/gemm.h):
+ * tokens packed once per input, each weight tile re-laid once for all of
+ * them, on AMX tiles where the CPU has them. Other types take each (row,
+ * token) value as decode's row dot. A token's values do not depend on the
+ * other tokens of its block, so a prompt cut into blocks of any size gives
+ * the same bits; they differ from the same token decoded alone only where
+ * the prefill product's summation order does (Q4_0).
+ *
+ * Per layer: RMSNorm, Q/K/V for all tokens, RoPE, the KV cache written for
+ * every position, causal attention by (token, head), Wo, then the FFN's gate
+ * and up for all tokens, the activation, down. The hidden states of the block
+ * stay in this object's memory; only the KV cache is shared. */
+#ifndef PI2_PROMPT_H
+#define PI2_PROMPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "engine/ops.h"
+#include "kernels/kernels.h"
+#include "util/threadpool.h"
+
+typedef struct prompt_pass prompt_pass;
+
+/* Layer l's KV cache, wherever the caller keeps it. */
+typedef kv_layer (*prompt_kv_fn)(void *ctx, int layer);
+/* Called before layer `layers_done` starts and after the last one: nonzero
+ * abandons the run (the stack's epoch ended); also the caller's progress report. */
+typedef int (*prompt_step_fn)(void *ctx, int layers_done);
+
+/* True when every layer has ffn_down (a PowerInfer file with ffn_down_t only
+ * is prompted token by token). */
+bool prompt_pass_takes(const model *m);
+
+/* Buffers for blocks of up to max_tok tokens in a context of n_ctx, threads
+ * from pool (not owned; the pass may outlive it, but runs only while it lives). NULL with err set when out of memory. */
+prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
+                             size_t errlen);
+void prompt_pass_free(prompt_pass *p);
+
+/* tokens[0..n) (ids < n_vocab, 1 <= n <= max_tok) at positions first, first+1, ...
+ * (the earlier positions already in the KV cache). step may be NULL.
+ * Returns 0, or -1 when step abandoned it. */
+int prompt_pass_run(prompt_pass *p, const int32_t *tokens, int n, int first, prompt_kv_fn kv, void *kv_ctx,
+                    prompt_step_fn step, void *step_ctx);
+
+/* After a run of n tokens: the last token's residual after the last layer
+ * ([n_embd]), and its logits into out ([n_vocab]). */
+const float *prompt_pass_last_residual(const prompt_pass *p, int n);
+void prompt_pass_logits(prompt_pass *p, int n, float *out);
+
+#endif
