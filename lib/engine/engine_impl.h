@@ -1,6 +1,6 @@
 /* Private to the reference engine's files (engine.c: the token-by-token
- * forward pass; engine_prefill.c: llama.cpp's prompt batch): the engine's
- * state and the pieces both use. */
+ * forward pass; engine_prefill.c: llama.cpp's prompt batch; prompt.c, for
+ * engine_xcalloc): the engine's state and the pieces they use. */
 #ifndef PI2_ENGINE_IMPL_H
 #define PI2_ENGINE_IMPL_H
 

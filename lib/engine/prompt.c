@@ -1,5 +1,6 @@
 /* The dense prompt pass (prompt.h). */
 #include "engine/prompt.h"
+#include "engine/engine_impl.h" /* engine_xcalloc */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,12 +272,6 @@ void prompt_pass_logits(prompt_pass *p, int n, float *out) {
 
 /* ---- set-up ---- */
 
-static void *alloc_zero(size_t n, size_t size, int *failed) {
-    void *ptr = calloc(n ? n : 1, size);
-    if (!ptr) *failed = 1;
-    return ptr;
-}
-
 prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
                              size_t errlen) {
     prompt_pass *p = calloc(1, sizeof *p);
@@ -297,25 +292,25 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     const size_t q8_blocks = wide / QK8_0 + 1, att_scratch = (size_t)m->n_head * (size_t)n_ctx;
     p->n_threads = pool_size(pool);
     const size_t nth = (size_t)p->n_threads;
-    p->x = alloc_zero(T * ne, sizeof(float), &bad);
-    p->xb = alloc_zero(T * ne, sizeof(float), &bad);
-    p->q = alloc_zero(T * ne, sizeof(float), &bad);
-    p->kk = alloc_zero(T * kvd, sizeof(float), &bad);
-    p->vv = alloc_zero(T * kvd, sizeof(float), &bad);
-    p->q16 = alloc_zero(T * ne, sizeof(uint16_t), &bad);
-    p->rope_cs = alloc_zero(T * (size_t)m->head_dim, sizeof(float), &bad);
-    p->att = alloc_zero(T * ne, sizeof(float), &bad);
-    p->gate = alloc_zero(T * nf, sizeof(float), &bad);
-    p->up = alloc_zero(T * nf, sizeof(float), &bad);
-    p->hb = alloc_zero(T * nf, sizeof(float), &bad);
-    p->proj = alloc_zero(T * ne, sizeof(float), &bad);
-    p->in = alloc_zero(T, sizeof(act_vec), &bad);
-    p->in_f16 = alloc_zero(T * wide, sizeof(uint16_t), &bad);
-    p->in_q8 = alloc_zero(T * q8_blocks, sizeof(block_q8_0), &bad);
-    p->scores = alloc_zero(nth * att_scratch, sizeof(float), &bad);
-    p->probs16 = alloc_zero(nth * att_scratch, sizeof(uint16_t), &bad);
-    p->logits_in = alloc_zero(ne, sizeof(float), &bad);
-    p->scratch = alloc_zero(nth, sizeof(void *), &bad);
+    p->x = engine_xcalloc(T * ne, sizeof(float), &bad);
+    p->xb = engine_xcalloc(T * ne, sizeof(float), &bad);
+    p->q = engine_xcalloc(T * ne, sizeof(float), &bad);
+    p->kk = engine_xcalloc(T * kvd, sizeof(float), &bad);
+    p->vv = engine_xcalloc(T * kvd, sizeof(float), &bad);
+    p->q16 = engine_xcalloc(T * ne, sizeof(uint16_t), &bad);
+    p->rope_cs = engine_xcalloc(T * (size_t)m->head_dim, sizeof(float), &bad);
+    p->att = engine_xcalloc(T * ne, sizeof(float), &bad);
+    p->gate = engine_xcalloc(T * nf, sizeof(float), &bad);
+    p->up = engine_xcalloc(T * nf, sizeof(float), &bad);
+    p->hb = engine_xcalloc(T * nf, sizeof(float), &bad);
+    p->proj = engine_xcalloc(T * ne, sizeof(float), &bad);
+    p->in = engine_xcalloc(T, sizeof(act_vec), &bad);
+    p->in_f16 = engine_xcalloc(T * wide, sizeof(uint16_t), &bad);
+    p->in_q8 = engine_xcalloc(T * q8_blocks, sizeof(block_q8_0), &bad);
+    p->scores = engine_xcalloc(nth * att_scratch, sizeof(float), &bad);
+    p->probs16 = engine_xcalloc(nth * att_scratch, sizeof(uint16_t), &bad);
+    p->logits_in = engine_xcalloc(ne, sizeof(float), &bad);
+    p->scratch = engine_xcalloc(nth, sizeof(void *), &bad);
     const size_t scratch_bytes = (gemm_scratch_bytes(p->wide / QK8_0) + 63) / 64 * 64;
     for (size_t i = 0; !bad && i < nth; i++)
         if (!(p->scratch[i] = aligned_alloc(64, scratch_bytes))) bad = 1;
