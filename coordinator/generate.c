@@ -9,14 +9,15 @@
 #include "util/clock.h"
 #include "coord.h"
 #include "util/log.h"
+#include "engine/prompt.h"
 #include "engine/sampler.h"
 
 /* The prompt's positions, always with a dense FFN (as pi2-ref's prompt): on
  * the npu-worker in chunks of max_prefill when it is up, else (or once it is
- * lost for good, or for a model without an ffn_down matrix, which its
- * weights x tokens products need) token by token with DecodeTasks. */
+ * lost for good, or for a model whose down weights the prompt pass does not
+ * take) token by token with DecodeTasks. */
 static int prefill_steps(coord *c, const int32_t *tokens, int n) {
-    bool use_npu = !c->opt.no_npu && npu_ready(c) && c->sv.m.layers[0].down.data;
+    bool use_npu = !c->opt.no_npu && npu_ready(c) && prompt_pass_takes(&c->sv.m);
     for (int pos = 0; pos < n; c->prompt.n_done = pos) {
         if (use_npu) {
             int chunk = n - pos < c->params.max_prefill ? n - pos : c->params.max_prefill;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/prompt.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "prefill.h"
@@ -100,9 +101,9 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
         send_error(w, req, PI2__ERROR_CODE__UNSUPPORTED, why);
         return;
     }
-    if (!m->layers[0].down.data) {
+    if (!prompt_pass_takes(m)) {
         send_error(w, req, PI2__ERROR_CODE__UNSUPPORTED,
-                   "the model has no ffn_down matrix (PowerInfer ffn_down_t only): prefill it with decode tasks");
+                   "the model's down weights are of a type the prompt pass does not take: prefill it with decode tasks");
         return;
     }
     if (read_tokens(w, r, why, sizeof why)) {

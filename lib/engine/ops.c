@@ -72,9 +72,20 @@ void rope_apply(float *v, int n_heads, int head_dim, const float *cs) {
     }
 }
 
-void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {
+void kv_store_keys(const kernels *k, const kv_layer *kv, int pos, const float *kvec) {
     k->f32_to_f16_row(kvec, kv->k + (size_t)pos * kv->kv_dim, kv->kv_dim);
-    for (int d = 0; d < kv->kv_dim; d++) kv->v[(size_t)d * kv->n_ctx + pos] = f32_to_f16(vvec[d]);
+}
+
+void kv_store_values(const kv_layer *kv, int pos, int n, const float *v, size_t stride, int d0, int d1) {
+    for (int d = d0; d < d1; d++) {
+        uint16_t *row = kv->v + (size_t)d * kv->n_ctx + pos;
+        for (int t = 0; t < n; t++) row[t] = f32_to_f16(v[(size_t)t * stride + (size_t)d]);
+    }
+}
+
+void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {
+    kv_store_keys(k, kv, pos, kvec);
+    kv_store_values(kv, pos, 1, vvec, 0, 0, kv->kv_dim);
 }
 
 /* llama.cpp's KV length: the used cells padded to a multiple of 32 (its

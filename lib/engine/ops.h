@@ -44,6 +44,12 @@ typedef struct {
 } kv_layer;
 
 void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec);
+/* The two halves of kv_store for a run of positions, so a prompt writes V's
+ * transposed rows position after position (one scattered store per element
+ * otherwise): keys of position pos; values of positions pos .. pos + n - 1
+ * (v[t * stride + d]) for elements [d0, d1). */
+void kv_store_keys(const kernels *k, const kv_layer *kv, int pos, const float *kvec);
+void kv_store_values(const kv_layer *kv, int pos, int n, const float *v, size_t stride, int d0, int d1);
 
 /* Attention for heads [h0, h1) at position pos (attending to 0..pos).
  * q16: the query heads in F16 [n_head * head_dim]; scores / probs16: scratch of

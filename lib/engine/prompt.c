@@ -1,6 +1,7 @@
 /* The dense prompt pass (prompt.h). */
 #include "engine/prompt.h"
 #include "engine/engine_impl.h" /* engine_xcalloc */
+#include "kernels/sparse_kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 struct prompt_pass {
     const model *m;
     const kernels *k;
+    const sparse_kernels *sk; /* down_t's axpy */
     threadpool *pool;
     int max_tok, n_ctx, kv_dim, wide, n_threads;
     /* per token t, row t of each [max_tok][width] buffer */
@@ -27,6 +29,8 @@ struct prompt_pass {
     block_q8_0 *in_q8;
     gemm_acts acts;  /* the current input packed for the prefill product */
     void **scratch;  /* [n_threads] gemm_scratch_bytes(wide / 32) each */
+    int32_t *fired;  /* [n_threads][n_ff]: a token's firing neurons in a down_t chunk */
+    float *fired_h;  /* [n_threads][n_ff]: their activations */
     float *scores;   /* [n_threads][n_head][n_ctx] */
     uint16_t *probs16;
     float *logits_in; /* [n_embd]: the last token normalized for the output matrix */
@@ -35,8 +39,11 @@ struct prompt_pass {
 static float *row_of(float *buf, int t, int width) { return buf + (size_t)t * (size_t)width; }
 
 bool prompt_pass_takes(const model *m) {
-    for (int l = 0; l < m->n_layer; l++)
-        if (!m->layers[l].down.data) return false;
+    for (int l = 0; l < m->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        if (!w->down.data && !(w->down_t.data && sparse_kernels_for_type(sparse_kernels_scalar(), w->down_t.type)))
+            return false;
+    }
     return true;
 }
 
@@ -103,11 +110,53 @@ static void product_one(prompt_pass *p, int n_tok, const weight *w, float *out, 
     product(p, n_tok, 1, w, out, stride, NULL, NULL, 0, NULL, NULL, 0);
 }
 
+/* ---- down_t: the down projection from neuron-major rows (PowerInfer's PWRI files) ---- */
+
+/* down_t bytes one pass over a thread's tokens reads: they stay in a 2 MiB
+ * L2 while every token's firing neurons among them are summed. */
+#define DOWN_T_CHUNK_BYTES (512u << 10)
+
+typedef struct {
+    prompt_pass *p;
+    const weight *dt;
+    int n_tok;
+} down_t_job;
+
+/* proj[t] = sum over neurons i with hb[t][i] != 0 of hb[t][i] * down_t row i:
+ * the sparse axpy of decode, each token's neurons in ascending order, chunk
+ * after chunk. A ReLU token's zero activations cost nothing; the tokens are
+ * shared out, so every token's bits are the same for any thread count. */
+static void down_t_worker(void *ctx, int ith, int nth) {
+    const down_t_job *j = ctx;
+    prompt_pass *p = j->p;
+    const weight *dt = j->dt;
+    const int ne = p->m->n_embd, nf = p->m->n_ff;
+    const sparse_axpy_fn axpy = sparse_kernels_for_type(p->sk, dt->type)->axpy;
+    int32_t *idx = p->fired + (size_t)ith * (size_t)nf;
+    float *h = p->fired_h + (size_t)ith * (size_t)nf;
+    long t0, t1;
+    pool_split(j->n_tok, ith, nth, &t0, &t1);
+    for (long t = t0; t < t1; t++) memset(row_of(p->proj, (int)t, ne), 0, sizeof(float) * (size_t)ne);
+    long chunk = (long)(DOWN_T_CHUNK_BYTES / dt->row_bytes);
+    if (chunk < 1) chunk = 1;
+    for (long c0 = 0; c0 < nf; c0 += chunk) {
+        const long c1 = c0 + chunk < nf ? c0 + chunk : nf;
+        const char *rows = (const char *)dt->data + (size_t)c0 * dt->row_bytes;
+        for (long t = t0; t < t1; t++) {
+            const float *hb = row_of(p->hb, (int)t, nf);
+            int n = 0;
+            for (long i = c0; i < c1; i++)
+                if (hb[i] != 0.0f) idx[n] = (int32_t)(i - c0), h[n++] = hb[i];
+            axpy(rows, dt->row_bytes, idx, h, n, row_of(p->proj, (int)t, ne), ne, NULL);
+        }
+    }
+}
+
 /* ---- per-token steps ---- */
 
 typedef enum {
     TOK_ATTN_IN,    /* rmsnorm + convert for Q/K/V */
-    TOK_ROPE_STORE, /* RoPE, KV store, Q to F16 */
+    TOK_ROPE_STORE, /* RoPE, keys stored, Q to F16 */
     TOK_WO_IN,      /* convert attention output for Wo */
     TOK_ATTN_ADD,   /* x += Wo . att */
     TOK_FFN_IN,     /* rmsnorm + convert for gate/up */
@@ -151,7 +200,7 @@ static void token_one(const token_job *j, int t) {
         const float *cs = row_of(p->rope_cs, t, m->head_dim);
         rope_apply(q, m->n_head, m->head_dim, cs);
         rope_apply(kk, m->n_head_kv, m->head_dim, cs);
-        kv_store(p->k, &j->kv, j->first + t, kk, row_of(p->vv, t, p->kv_dim));
+        kv_store_keys(p->k, &j->kv, j->first + t, kk);
         p->k->f32_to_f16_row(q, p->q16 + (size_t)t * ne, ne);
         break;
     }
@@ -203,6 +252,14 @@ static void per_token(prompt_pass *p, token_step step, const token_job *base, in
     pool_run(p->pool, token_worker, &j);
 }
 
+/* Every token's values into the transposed V cache, elements shared out */
+static void values_worker(void *ctx, int ith, int nth) {
+    const token_job *j = ctx;
+    long d0, d1;
+    pool_split(j->p->kv_dim, ith, nth, &d0, &d1);
+    kv_store_values(&j->kv, j->first, j->n_tok, j->p->vv, (size_t)j->p->kv_dim, (int)d0, (int)d1);
+}
+
 /* Causal attention: token t attends to positions 0 .. first + t, all stored
  * before this runs. (token, head) pairs are dealt round-robin because later
  * tokens cost more. */
@@ -232,6 +289,7 @@ static void layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv) {
     per_token(p, TOK_ATTN_IN, &j, ne);
     product(p, n, 3, &w->wq, p->q, ne, &w->wk, p->kk, kvd, &w->wv, p->vv, kvd);
     per_token(p, TOK_ROPE_STORE, &j, 0);
+    pool_run(p->pool, values_worker, (void *)&j);
     pool_run(p->pool, attention_worker, (void *)&j);
     per_token(p, TOK_WO_IN, &j, ne);
     product_one(p, n, &w->wo, p->proj, ne);
@@ -239,8 +297,13 @@ static void layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv) {
     per_token(p, TOK_FFN_IN, &j, ne);
     product(p, n, 2, &w->gate, p->gate, nf, &w->up, p->up, nf, NULL, NULL, 0);
     per_token(p, TOK_FFN_ACT, &j, 0);
-    per_token(p, TOK_DOWN_IN, &j, nf);
-    product_one(p, n, &w->down, p->proj, ne);
+    if (w->down.data) {
+        per_token(p, TOK_DOWN_IN, &j, nf);
+        product_one(p, n, &w->down, p->proj, ne);
+    } else {
+        down_t_job dj = {p, &w->down_t, n};
+        pool_run(p->pool, down_t_worker, &dj);
+    }
     per_token(p, TOK_FFN_ADD, &j, 0);
 }
 
@@ -281,6 +344,7 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     }
     p->m = m;
     p->k = k;
+    p->sk = sparse_kernels_best();
     p->pool = pool;
     p->max_tok = max_tok;
     p->n_ctx = n_ctx;
@@ -311,6 +375,8 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     p->probs16 = engine_xcalloc(nth * att_scratch, sizeof(uint16_t), &bad);
     p->logits_in = engine_xcalloc(ne, sizeof(float), &bad);
     p->scratch = engine_xcalloc(nth, sizeof(void *), &bad);
+    p->fired = engine_xcalloc(nth * nf, sizeof(int32_t), &bad);
+    p->fired_h = engine_xcalloc(nth * nf, sizeof(float), &bad);
     const size_t scratch_bytes = (gemm_scratch_bytes(p->wide / QK8_0) + 63) / 64 * 64;
     for (size_t i = 0; !bad && i < nth; i++)
         if (!(p->scratch[i] = aligned_alloc(64, scratch_bytes))) bad = 1;
@@ -332,5 +398,6 @@ void prompt_pass_free(prompt_pass *p) {
     free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->rope_cs); free(p->att);
     free(p->gate); free(p->up); free(p->hb); free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8);
     free(p->scores); free(p->probs16); free(p->logits_in); free(p->scratch);
+    free(p->fired); free(p->fired_h);
     free(p);
 }

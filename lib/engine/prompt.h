@@ -11,6 +11,12 @@
  * the same bits; they differ from the same token decoded alone only where
  * the prefill product's summation order does (Q4_0).
  *
+ * A PowerInfer file's neuron-major ffn_down_t (no ffn_down) is summed as
+ * decode's sparse axpy sums it, over each token's firing neurons only (ReLU
+ * zeros cost nothing), in L2-sized chunks of neurons for all tokens at once;
+ * decode adds its chunks' partials in another order, so those bits differ
+ * from token by token in the last place.
+ *
  * Per layer: RMSNorm, Q/K/V for all tokens, RoPE, the KV cache written for
  * every position, causal attention by (token, head), Wo, then the FFN's gate
  * and up for all tokens, the activation, down. The hidden states of the block
@@ -35,8 +41,8 @@ typedef kv_layer (*prompt_kv_fn)(void *ctx, int layer);
  * abandons the run (the stack's epoch ended); also the caller's progress report. */
 typedef int (*prompt_step_fn)(void *ctx, int layers_done);
 
-/* True when every layer has ffn_down (a PowerInfer file with ffn_down_t only
- * is prompted token by token). */
+/* True when every layer has ffn_down, or an ffn_down_t of a type the sparse
+ * axpy takes (F32, F16, Q8_0, Q4_0). */
 bool prompt_pass_takes(const model *m);
 
 /* Buffers for blocks of up to max_tok tokens in a context of n_ctx, threads
