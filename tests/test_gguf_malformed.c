@@ -278,7 +278,7 @@ static void test_tensor_infos(void) {
 
     b_minimal_tensor(&b, 2, ne_32x2, 12, 0, 256);
     expect_error("q4_K", &b, "tensor_info[0].type",
-                 "tensor 'blk.0.attn_q.weight': type q4_K (12) is not supported (pi2 reads f32, f16, q4_0, q8_0)");
+                 "tensor 'blk.0.attn_q.weight': type q4_K (12) is not supported (pi2 reads f32, f16, q4_0, q8_0, i8)");
     b_minimal_tensor(&b, 2, ne_32x2, 30, 0, 256);
     expect_error("bf16", &b, "tensor_info[0].type", "bf16 (30)");
     b_minimal_tensor(&b, 2, ne_32x2, 777, 0, 256);

@@ -63,6 +63,9 @@ static int get_weight(loader *L, weight *w, const char *name, int64_t rows, int6
     memset(w, 0, sizeof *w);
     const gguf_tensor *t = gguf_find_tensor(&L->m->gguf, name);
     if (!t) return optional ? 0 : fail(L, "missing tensor '%s'", name);
+    if (!ggml_type_supported(t->type))
+        return fail(L, "tensor '%s' has type %s, not a weight type (f32, f16, q4_0, q8_0)", name,
+                    ggml_type_name(t->type));
     if (t->n_dims > 2 || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows)
         return fail(L, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                     (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols, (long long)rows);
@@ -78,6 +81,9 @@ static int get_weight(loader *L, weight *w, const char *name, int64_t rows, int6
 static int get_norm(loader *L, float **out, const char *name, int n) {
     const gguf_tensor *t = gguf_find_tensor(&L->m->gguf, name);
     if (!t) return fail(L, "missing tensor '%s'", name);
+    if (!ggml_type_supported(t->type))
+        return fail(L, "tensor '%s' has type %s, not a weight type (f32, f16, q4_0, q8_0)", name,
+                    ggml_type_name(t->type));
     if (t->n_dims != 1 || t->ne[0] != (uint64_t)n)
         return fail(L, "tensor '%s' has %u dims / %llu elements, expected a vector of %d", name, t->n_dims,
                     (unsigned long long)t->ne[0], n);

@@ -315,9 +315,9 @@ static int read_tensor_info(cursor *c, uint64_t i, gguf_tensor *t, size_t *offse
     at = c->pos;
     set_field(c, "tensor_info[%llu].type", ui);
     if (read_u32(c, &t->type)) return -1;
-    if (!ggml_type_supported(t->type)) {
+    if (!ggml_type_known(t->type)) {
         const char *tn = ggml_type_name(t->type);
-        return fail(c, at, "tensor '%s': type %s (%u) is not supported (pi2 reads f32, f16, q4_0, q8_0)",
+        return fail(c, at, "tensor '%s': type %s (%u) is not supported (pi2 reads f32, f16, q4_0, q8_0, i8)",
                     name, strncmp(tn, "type ", 5) ? tn : "unknown", t->type);
     }
     size_t row = ggml_row_bytes(t->type, t->ne[0]);

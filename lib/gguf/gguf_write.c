@@ -207,7 +207,7 @@ int gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_di
             werr(w, "duplicate tensor name '%s'", name);
             return -1;
         }
-    if (!ggml_type_supported(type)) {
+    if (!ggml_type_known(type)) {
         werr(w, "tensor '%s': type %s (%u) is not supported", name, ggml_type_name(type), type);
         return -1;
     }
