@@ -46,7 +46,8 @@ static int check_order(const int32_t *order, int n_layer, int n_ff, const char *
     for (int l = 0; l < n_layer; l++) {
         memset(seen, 0, (size_t)n_ff);
         for (int s = 0; s < n_ff; s++) {
-            const int32_t n = order[(size_t)l * (size_t)n_ff + (size_t)s];
+            int32_t n; /* memcpy: a GGUF metadata array is not aligned */
+            memcpy(&n, order + (size_t)l * (size_t)n_ff + (size_t)s, sizeof n);
             if (n < 0 || n >= n_ff || seen[n]) {
                 set_err(err, errlen, "%s: layer %d slot %d: neuron %d is %s", what, l, s, n,
                         n < 0 || n >= n_ff ? "out of range" : "listed twice");
@@ -283,7 +284,17 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
                 (unsigned long long)cells);
         return -1;
     }
-    b->order = data;
+    /* copied: GGUF metadata arrays are not aligned for their element type */
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)cells);
+    uint64_t *checksum = malloc(sizeof(uint64_t) * (size_t)b->n_layer);
+    if (!order || !checksum) {
+        free(order), free(checksum);
+        set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(order, data, sizeof(int32_t) * (size_t)cells);
+    b->order = order;
+    b->checksum = checksum;
     char what[4200];
     snprintf(what, sizeof what, "%s: '%s'", path, KEY("order"));
     if (check_order(b->order, b->n_layer, b->n_ff, what, err, errlen)) return -1;
@@ -291,7 +302,7 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
         set_err(err, errlen, "%s: '%s' must be a uint64 array of n_layer = %d", path, KEY("checksums"), b->n_layer);
         return -1;
     }
-    b->checksum = data;
+    memcpy(checksum, data, sizeof(uint64_t) * (size_t)b->n_layer);
     return 0;
 }
 
@@ -357,6 +368,8 @@ int bundle_open(bundle_file *b, const char *path, const model *m, const char *mo
 }
 
 void bundle_close(bundle_file *b) {
+    free((void *)b->order);
+    free((void *)b->checksum);
     free(b->region);
     free(b->region_offset);
     gguf_close(&b->g);

@@ -40,8 +40,8 @@ typedef struct {
     size_t stride;                           /* bytes per bundle, a multiple of BUNDLE_ALIGN */
     long n_bundles;                          /* per layer */
     uint64_t source_size, source_fingerprint;
-    const int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot (into the mapping) */
-    const uint64_t *checksum; /* [n_layer] */
+    const int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot (owned copy) */
+    const uint64_t *checksum; /* [n_layer] (owned copy) */
     const uint8_t **region;   /* [n_layer]: the layer's bundles */
     uint64_t *region_offset;  /* [n_layer]: their file offsets */
 } bundle_file;
