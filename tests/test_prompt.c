@@ -20,17 +20,11 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/prompt.h"
+#include "engine/sampler.h" /* argmax */
 #include "mkmodel_run.h"
 #include "oracle.h"
 #include "rng.h"
 #include "test.h"
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 /* greedy tokens after a prompt whose logits are l, 16 of them into out */
 static void greedy(engine *e, const float *l, int n_prompt, int n_vocab, int *out) {

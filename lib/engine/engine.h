@@ -31,7 +31,7 @@ float *engine_forward(engine *e, int token, int pos);
  * (engine/prompt.h), in blocks of ENGINE_PROMPT_BLOCK tokens, so the two
  * agree bit for bit; token by token with engine_forward when
  * engine_set_token_prompt is on, while an FFN observer or firing counts
- * watch every token, or on a model the pass does not take (ffn_down_t only);
+ * watch every token, or on a model the pass does not take (prompt_pass_takes);
  * as llama.cpp when its compatibility is on (below). */
 float *engine_prefill(engine *e, const int *tokens, int n);
 #define ENGINE_PROMPT_BLOCK 256

@@ -1,7 +1,6 @@
 /* The bundle file (bundle.h): writer, validating reader, checksums. */
 #include "plan/bundle.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +9,9 @@
 #include "engine/ffn_chunks.h"
 #include "engine/predictor.h" /* model_fingerprint */
 #include "util/checksum.h"
+#include "util/log.h" /* err_set */
 
 #define KEY(name) "pi2.bundle." name
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 uint32_t bundle_down_type(const model *m) {
     const layer_weights *w = &m->layers[0];
@@ -40,7 +33,7 @@ static uint64_t region_checksum(const uint8_t *region, long n_bundles, size_t st
 static int check_order(const int32_t *order, int n_layer, int n_ff, const char *what, char *err, size_t errlen) {
     unsigned char *seen = malloc((size_t)n_ff);
     if (!seen) {
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return -1;
     }
     for (int l = 0; l < n_layer; l++) {
@@ -49,7 +42,7 @@ static int check_order(const int32_t *order, int n_layer, int n_ff, const char *
             int32_t n; /* memcpy: a GGUF metadata array is not aligned */
             memcpy(&n, order + (size_t)l * (size_t)n_ff + (size_t)s, sizeof n);
             if (n < 0 || n >= n_ff || seen[n]) {
-                set_err(err, errlen, "%s: layer %d slot %d: neuron %d is %s", what, l, s, n,
+                err_set(err, errlen, "%s: layer %d slot %d: neuron %d is %s", what, l, s, n,
                         n < 0 || n >= n_ff ? "out of range" : "listed twice");
                 free(seen);
                 return -1;
@@ -74,7 +67,7 @@ static int write_layer(gguf_writer *w, const model *m, int l, const int32_t *ord
     long first;
     void *built;
     if (ffn_down_t_for(lw, 0, m->n_ff, &dt, &first, &built)) {
-        set_err(err, errlen, "layer %d: cannot build the neuron-major down rows (out of memory?)", l);
+        err_set(err, errlen, "layer %d: cannot build the neuron-major down rows (out of memory?)", l);
         return -1;
     }
     const long n_bundles = (m->n_ff + per_bundle - 1) / per_bundle;
@@ -108,7 +101,7 @@ static int patch_checksums(const char *tmp, FILE *fp, const uint64_t *sums, int 
     gguf_close(&g);
     if (at < 0 || fseek(fp, at, SEEK_SET) || fwrite(sums, sizeof(uint64_t), (size_t)n_layer, fp) != (size_t)n_layer ||
         fflush(fp)) {
-        set_err(err, errlen, "%s: cannot write the checksums", tmp);
+        err_set(err, errlen, "%s: cannot write the checksums", tmp);
         return -1;
     }
     return 0;
@@ -117,7 +110,7 @@ static int patch_checksums(const char *tmp, FILE *fp, const uint64_t *sums, int 
 int bundle_write(const model *m, const char *model_path, const int32_t *order, int per_bundle, const char *path,
                  bundle_progress_fn progress, void *progress_ctx, char *err, size_t errlen) {
     if (per_bundle < 1 || per_bundle > BUNDLE_MAX_PER_BUNDLE) {
-        set_err(err, errlen, "neurons per bundle %d is not in 1..%d", per_bundle, BUNDLE_MAX_PER_BUNDLE);
+        err_set(err, errlen, "neurons per bundle %d is not in 1..%d", per_bundle, BUNDLE_MAX_PER_BUNDLE);
         return -1;
     }
     const int L = m->n_layer, nf = m->n_ff;
@@ -131,7 +124,7 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
     if (!order) {
         identity = malloc(sizeof(int32_t) * (size_t)L * (size_t)nf);
         if (!identity) {
-            set_err(err, errlen, "out of memory");
+            err_set(err, errlen, "out of memory");
             return -1;
         }
         for (int l = 0; l < L; l++)
@@ -148,7 +141,7 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
     FILE *fp = NULL;
     int rc = -1;
     if (!sums || !bundle_sums || !buf || !w) {
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         goto out;
     }
     gguf_w_str(w, "general.type", "pi2.bundle");
@@ -173,7 +166,7 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
         gguf_w_tensor(w, name, GGML_TYPE_I8, 2, ne);
     }
     if (!(fp = fopen(tmp, "w+b"))) {
-        set_err(err, errlen, "%s: cannot create", tmp);
+        err_set(err, errlen, "%s: cannot create", tmp);
         goto out;
     }
     if (gguf_w_begin(w, fp)) goto write_error;
@@ -189,18 +182,18 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
     if (patch_checksums(tmp, fp, sums, L, err, errlen)) goto out;
     if (fclose(fp)) {
         fp = NULL;
-        set_err(err, errlen, "%s: write failed", tmp);
+        err_set(err, errlen, "%s: write failed", tmp);
         goto out;
     }
     fp = NULL;
     if (rename(tmp, path)) {
-        set_err(err, errlen, "cannot rename %s to %s", tmp, path);
+        err_set(err, errlen, "cannot rename %s to %s", tmp, path);
         goto out;
     }
     rc = 0;
     goto out;
 write_error:
-    set_err(err, errlen, "%s: %s", tmp, gguf_writer_error(w) ? gguf_writer_error(w) : "write failed");
+    err_set(err, errlen, "%s: %s", tmp, gguf_writer_error(w) ? gguf_writer_error(w) : "write failed");
 out:
     if (fp) fclose(fp);
     if (rc) unlink(tmp);
@@ -214,11 +207,11 @@ out:
 static int get_u64(const bundle_file *b, const char *path, const char *key, uint64_t lo, uint64_t hi, uint64_t *out,
                    char *err, size_t errlen) {
     if (!gguf_get_uint(&b->g, key, out)) {
-        set_err(err, errlen, "%s: missing or non-integer '%s': not a pi2 bundle file?", path, key);
+        err_set(err, errlen, "%s: missing or non-integer '%s': not a pi2 bundle file?", path, key);
         return -1;
     }
     if (*out < lo || *out > hi) {
-        set_err(err, errlen, "%s: '%s' = %llu is not in %llu..%llu", path, key, (unsigned long long)*out,
+        err_set(err, errlen, "%s: '%s' = %llu is not in %llu..%llu", path, key, (unsigned long long)*out,
                 (unsigned long long)lo, (unsigned long long)hi);
         return -1;
     }
@@ -232,7 +225,7 @@ static int get_type(const bundle_file *b, const char *path, const char *key, uin
     *type = (uint32_t)v;
     *row_bytes = ggml_type_supported(*type) ? ggml_row_bytes(*type, (uint64_t)b->n_embd) : 0;
     if (!*row_bytes) {
-        set_err(err, errlen, "%s: '%s' = %s is not a weight type for rows of %d", path, key, ggml_type_name(*type),
+        err_set(err, errlen, "%s: '%s' = %s is not a weight type for rows of %d", path, key, ggml_type_name(*type),
                 b->n_embd);
         return -1;
     }
@@ -243,12 +236,12 @@ static int read_fields(bundle_file *b, const char *path, char *err, size_t errle
     uint64_t v;
     gguf_str s;
     if (!gguf_get_str(&b->g, "general.type", &s) || !gguf_str_eq(s, "pi2.bundle")) {
-        set_err(err, errlen, "%s: not a pi2 bundle file (general.type is not \"pi2.bundle\")", path);
+        err_set(err, errlen, "%s: not a pi2 bundle file (general.type is not \"pi2.bundle\")", path);
         return -1;
     }
     if (get_u64(b, path, KEY("version"), BUNDLE_VERSION, BUNDLE_VERSION, &v, err, errlen)) return -1;
     if (b->g.alignment != BUNDLE_ALIGN) {
-        set_err(err, errlen, "%s: alignment %llu, a bundle file has %d", path, (unsigned long long)b->g.alignment,
+        err_set(err, errlen, "%s: alignment %llu, a bundle file has %d", path, (unsigned long long)b->g.alignment,
                 BUNDLE_ALIGN);
         return -1;
     }
@@ -280,7 +273,7 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
     const void *data;
     const uint64_t cells = (uint64_t)b->n_layer * (uint64_t)b->n_ff;
     if (!gguf_get_arr(&b->g, KEY("order"), GGUF_INT32, &n, &data) || n != cells) {
-        set_err(err, errlen, "%s: '%s' must be an int32 array of n_layer x n_ff = %llu", path, KEY("order"),
+        err_set(err, errlen, "%s: '%s' must be an int32 array of n_layer x n_ff = %llu", path, KEY("order"),
                 (unsigned long long)cells);
         return -1;
     }
@@ -289,7 +282,7 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
     uint64_t *checksum = malloc(sizeof(uint64_t) * (size_t)b->n_layer);
     if (!order || !checksum) {
         free(order), free(checksum);
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return -1;
     }
     memcpy(order, data, sizeof(int32_t) * (size_t)cells);
@@ -299,7 +292,7 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
     snprintf(what, sizeof what, "%s: '%s'", path, KEY("order"));
     if (check_order(b->order, b->n_layer, b->n_ff, what, err, errlen)) return -1;
     if (!gguf_get_arr(&b->g, KEY("checksums"), GGUF_UINT64, &n, &data) || n != (uint64_t)b->n_layer) {
-        set_err(err, errlen, "%s: '%s' must be a uint64 array of n_layer = %d", path, KEY("checksums"), b->n_layer);
+        err_set(err, errlen, "%s: '%s' must be a uint64 array of n_layer = %d", path, KEY("checksums"), b->n_layer);
         return -1;
     }
     memcpy(checksum, data, sizeof(uint64_t) * (size_t)b->n_layer);
@@ -310,7 +303,7 @@ static int read_regions(bundle_file *b, const char *path, char *err, size_t errl
     b->region = calloc((size_t)b->n_layer, sizeof *b->region);
     b->region_offset = calloc((size_t)b->n_layer, sizeof *b->region_offset);
     if (!b->region || !b->region_offset) {
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return -1;
     }
     for (int l = 0; l < b->n_layer; l++) {
@@ -319,14 +312,14 @@ static int read_regions(bundle_file *b, const char *path, char *err, size_t errl
         const gguf_tensor *t = gguf_find_tensor(&b->g, name);
         if (!t || t->type != GGML_TYPE_I8 || t->n_dims != 2 || t->ne[0] != b->stride ||
             t->ne[1] != (uint64_t)b->n_bundles) {
-            set_err(err, errlen, "%s: tensor '%s' must be i8 of shape [%zu, %ld] (stride, bundles)", path, name,
+            err_set(err, errlen, "%s: tensor '%s' must be i8 of shape [%zu, %ld] (stride, bundles)", path, name,
                     b->stride, b->n_bundles);
             return -1;
         }
         b->region[l] = t->data;
         b->region_offset[l] = (uint64_t)((const uint8_t *)t->data - b->g.base);
         if (b->region_offset[l] % BUNDLE_ALIGN) {
-            set_err(err, errlen, "%s: tensor '%s' at file offset %llu, not a multiple of %d", path, name,
+            err_set(err, errlen, "%s: tensor '%s' at file offset %llu, not a multiple of %d", path, name,
                     (unsigned long long)b->region_offset[l], BUNDLE_ALIGN);
             return -1;
         }
@@ -339,7 +332,7 @@ static int match_model(const bundle_file *b, const char *path, const model *m, c
                        size_t errlen) {
     const uint64_t fp = model_fingerprint(m);
     if (b->source_size != (uint64_t)m->gguf.size || b->source_fingerprint != fp) {
-        set_err(err, errlen,
+        err_set(err, errlen,
                 "%s was written for another model file (size %llu, fingerprint %016llx), not %s (size %llu, "
                 "fingerprint %016llx): write the bundle file again with pi2 plan",
                 path, (unsigned long long)b->source_size, (unsigned long long)b->source_fingerprint, model_path,
@@ -349,7 +342,7 @@ static int match_model(const bundle_file *b, const char *path, const model *m, c
     const layer_weights *w = &m->layers[0];
     if (b->n_layer != m->n_layer || b->n_ff != m->n_ff || b->n_embd != m->n_embd || b->gate_type != w->gate.type ||
         b->up_type != w->up.type || b->down_type != bundle_down_type(m)) {
-        set_err(err, errlen, "%s: shape or row types differ from %s's though the fingerprint matches", path,
+        err_set(err, errlen, "%s: shape or row types differ from %s's though the fingerprint matches", path,
                 model_path);
         return -1;
     }
@@ -379,13 +372,13 @@ void bundle_close(bundle_file *b) {
 int bundle_verify(const bundle_file *b, char *err, size_t errlen) {
     uint64_t *sums = malloc(sizeof(uint64_t) * (size_t)b->n_bundles);
     if (!sums) {
-        set_err(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return -1;
     }
     int rc = 0;
     for (int l = 0; l < b->n_layer && !rc; l++)
         if (region_checksum(b->region[l], b->n_bundles, b->stride, sums) != b->checksum[l]) {
-            set_err(err, errlen, "layer %d's bundles (file offset %llu, %llu bytes) do not match their checksum", l,
+            err_set(err, errlen, "layer %d's bundles (file offset %llu, %llu bytes) do not match their checksum", l,
                     (unsigned long long)b->region_offset[l], (unsigned long long)b->n_bundles * b->stride);
             rc = -1;
         }
