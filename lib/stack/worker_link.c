@@ -17,7 +17,12 @@ static void *beat_main(void *arg) {
     worker_link *w = arg;
     const struct timespec period = {0, WORKER_BEAT_MS * 1000000L};
     while (!atomic_load(&w->beat_stop)) {
-        ctl_proc_beat(w->row, (enum proc_state)atomic_load(&w->state));
+        enum proc_state st = (enum proc_state)atomic_load(&w->state);
+        /* ready only once the coordinator knows it: `pi2 up` waits for ready
+         * rows, and a prompt sent before the npu-worker registered ran token
+         * by token */
+        if (!atomic_load(&w->registered) && (st == PROC_READY || st == PROC_BUSY)) st = PROC_STARTING;
+        ctl_proc_beat(w->row, st);
         nanosleep(&period, NULL);
     }
     return NULL;
@@ -190,6 +195,7 @@ Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeo
     switch (env->body_case) {
     case PI2__ENVELOPE__BODY_REGISTER_ACK:
         w->worker_id = env->register_ack->worker_id;
+        atomic_store(&w->registered, true);
         log_info("registered with the coordinator as worker %u", w->worker_id);
         break;
     case PI2__ENVELOPE__BODY_SHUTDOWN:

@@ -29,6 +29,7 @@ typedef struct {
     bool send_failing;           /* the last send failed (logged once per outage) */
     struct bus_ticker ticker;
     _Atomic uint32_t state;      /* enum proc_state, published by the beat thread */
+    _Atomic bool registered;     /* RegisterAck received: until then the row says STARTING */
     _Atomic bool beat_stop;
     pthread_t beat_thread;
     bool beat_running;
