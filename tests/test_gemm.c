@@ -3,7 +3,10 @@
  * kernel set's gemm_q4_0 against the reference bit for bit on odd shapes
  * (token counts 1-33 around the 16-token tiles, row counts around the
  * 16-row tiles, 1 to 130 blocks), cells outside the output untouched; and a
- * token's bits the same whatever tile or call it is packed in. */
+ * token's bits the same whatever tile or call it is packed in. The float
+ * products (F32, F16) likewise, their reference against tinyBLAS's
+ * (lib/kernels/tinyblas.h, the order llama.cpp's prompt batches take) and
+ * against the product in double. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,7 @@
 #include "gguf/f16.h"
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/tinyblas.h"
 #include "rng.h"
 #include "test.h"
 
@@ -157,10 +161,127 @@ static void test_token_independence(const kernels *k) {
     problem_free(&p);
 }
 
+/* ---- F32 / F16 weights ---- */
+
+typedef struct {
+    int nrows, n, n_tok;
+    size_t row_stride; /* bytes */
+    float *w32, *x32;  /* F16 problems: the same values rounded to F16 */
+    uint16_t *w16, *x16;
+    const float **xs32;
+    const uint16_t **xs16;
+    void *scratch;
+} float_problem;
+
+static void float_problem_make(float_problem *p, int nrows, int n, int n_tok) {
+    p->nrows = nrows, p->n = n, p->n_tok = n_tok;
+    const size_t stride = (size_t)n + 5; /* rows apart by more than their length, not 64-byte aligned */
+    p->row_stride = stride;
+    p->w32 = malloc(sizeof(float) * stride * (size_t)nrows);
+    p->w16 = malloc(sizeof(uint16_t) * stride * (size_t)nrows);
+    p->x32 = malloc(sizeof(float) * (size_t)n * (size_t)n_tok);
+    p->x16 = malloc(sizeof(uint16_t) * (size_t)n * (size_t)n_tok);
+    p->xs32 = malloc(sizeof *p->xs32 * (size_t)n_tok);
+    p->xs16 = malloc(sizeof *p->xs16 * (size_t)n_tok);
+    rng_fill(p->w32, (int)(stride * (size_t)nrows));
+    rng_fill(p->x32, n * n_tok);
+    for (size_t i = 0; i < stride * (size_t)nrows; i++) p->w16[i] = f32_to_f16(p->w32[i]);
+    for (size_t i = 0; i < (size_t)n * (size_t)n_tok; i++) p->x16[i] = f32_to_f16(p->x32[i]);
+    for (int t = 0; t < n_tok; t++) {
+        p->xs32[t] = p->x32 + (size_t)t * (size_t)n;
+        p->xs16[t] = p->x16 + (size_t)t * (size_t)n;
+    }
+    p->scratch = aligned_alloc(64, (gemm_float_scratch_bytes(n) + 63) / 64 * 64);
+}
+
+static void float_problem_free(float_problem *p) {
+    free(p->w32), free(p->w16), free(p->x32), free(p->x16), free(p->xs32), free(p->xs16), free(p->scratch);
+}
+
+static void float_product(const float_problem *p, bool f16, gemm_f32_fn f32_fn, gemm_f16_fn f16_fn, int n_tok,
+                          float *y, size_t y_stride) {
+    if (f16) f16_fn(p->w16, p->row_stride * sizeof(uint16_t), p->nrows, p->xs16, n_tok, p->n, y, y_stride, p->scratch);
+    else f32_fn(p->w32, p->row_stride * sizeof(float), p->nrows, p->xs32, n_tok, p->n, y, y_stride, p->scratch);
+}
+
+/* the reference is tinyBLAS's dot where tinyBLAS takes the shape (n % 16 == 0),
+ * and within a few roundings of the product in double everywhere */
+static void test_float_reference(void) {
+    const int ns[] = {16, 48, 1040, 7, 100};
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int ni = 0; ni < COUNT(ns); ni++) {
+            float_problem p;
+            float_problem_make(&p, 3, ns[ni], 4);
+            float y[12];
+            float_product(&p, f16, gemm_f32_ref, gemm_f16_ref, 4, y, 3);
+            int differ = 0;
+            double worst = 0;
+            for (int r = 0; r < 3; r++)
+                for (int t = 0; t < 4; t++) {
+                    const size_t w0 = (size_t)r * p.row_stride, x0 = (size_t)t * (size_t)p.n;
+                    if (p.n % 16 == 0) {
+                        const float tb = f16 ? tinyblas_scalar()->dot_f16(p.w16 + w0, p.x16 + x0, p.n)
+                                             : tinyblas_scalar()->dot_f32(p.w32 + w0, p.x32 + x0, p.n);
+                        differ += memcmp(&tb, &y[t * 3 + r], sizeof tb) != 0;
+                    }
+                    double want = 0, scale = 0;
+                    for (int i = 0; i < p.n; i++) {
+                        const double a = f16 ? f16_to_f32(p.w16[w0 + i]) : p.w32[w0 + i];
+                        const double b = f16 ? f16_to_f32(p.x16[x0 + i]) : p.x32[x0 + i];
+                        want += a * b, scale += fabs(a * b);
+                    }
+                    const double err = fabs(y[t * 3 + r] - want) / (scale + 1e-30);
+                    if (err > worst) worst = err;
+                }
+            CHECK(differ == 0, "gemm_%s_ref n=%d: %d values differ from tinyBLAS's dot", f16 ? "f16" : "f32", p.n,
+                  differ);
+            CHECK(worst < 1e-5, "gemm_%s_ref n=%d vs the product in double: relative error %g", f16 ? "f16" : "f32",
+                  p.n, worst);
+            float_problem_free(&p);
+        }
+}
+
+/* set k's float products equal the reference on every cell for every token
+ * count (a token's values are its own, so the reference for max_tok tokens
+ * holds for each prefix), and write nothing else */
+static void test_float_set(const kernels *k) {
+    const int row_counts[] = {1, 3, 4, 5, 31, 32, 33, 70};
+    const int col_counts[] = {1, 15, 16, 17, 100, 512, 513, 1040};
+    const int max_tok = 33;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int ri = 0; ri < COUNT(row_counts); ri++)
+            for (int ci = 0; ci < COUNT(col_counts); ci++) {
+                const int nrows = row_counts[ri], n = col_counts[ci];
+                float_problem p;
+                float_problem_make(&p, nrows, n, max_tok);
+                const size_t y_stride = (size_t)nrows + 3, cells = y_stride * max_tok;
+                float *want = malloc(sizeof(float) * cells), *got = malloc(sizeof(float) * cells);
+                float_product(&p, f16, gemm_f32_ref, gemm_f16_ref, max_tok, want, y_stride);
+                int differ = 0, touched = 0;
+                for (int n_tok = 1; n_tok <= max_tok; n_tok += n_tok < 14 ? 1 : 19) {
+                    for (size_t i = 0; i < cells; i++) got[i] = UNTOUCHED;
+                    float_product(&p, f16, k->gemm_f32, k->gemm_f16, n_tok, got, y_stride);
+                    for (int t = 0; t < max_tok; t++)
+                        for (size_t r = 0; r < y_stride; r++) {
+                            const size_t i = (size_t)t * y_stride + r;
+                            if (t >= n_tok || r >= (size_t)nrows) touched += got[i] != UNTOUCHED;
+                            else differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+                        }
+                }
+                CHECK(differ == 0, "%s gemm_%s rows=%d cols=%d: %d cells differ from the reference", k->name,
+                      f16 ? "f16" : "f32", nrows, n, differ);
+                CHECK(touched == 0, "%s gemm_%s rows=%d cols=%d: %d cells written outside the output", k->name,
+                      f16 ? "f16" : "f32", nrows, n, touched);
+                free(want), free(got);
+                float_problem_free(&p);
+            }
+}
+
 int main(void) {
     rng_seed(0x9e3779b97f4a7c15ull);
     test_known_block();
     test_reference_vs_double();
+    test_float_reference();
     const char *names[] = {"scalar", "avx2", "avx512", "amx"};
     for (int i = 0; i < COUNT(names); i++) {
         const kernels *k = kernels_by_name(names[i]);
@@ -170,6 +291,7 @@ int main(void) {
         }
         test_set(k);
         test_token_independence(k);
+        test_float_set(k);
     }
     return test_summary();
 }

@@ -1,7 +1,9 @@
 /* The prompt pass (lib/engine/prompt.h) against the token-by-token prompt, on
  * the oracle models and the oracle's ~120-token prompt (p3):
- *  - F32, F16 and Q8_0 weights: the same logits bit for bit (each value is
- *    decode's row dot);
+ *  - Q8_0 weights: the same logits bit for bit (each value is decode's row dot);
+ *  - F32 and F16 weights: the float product's tinyBLAS order (kernels/gemm.h)
+ *    against decode's dots: every logit within 1e-3 of the largest, the
+ *    greedy token's logit within the oracle's tolerance, 16 greedy tokens alike;
  *  - Q4_0 weights: the prefill product's summation order (kernels/gemm.h),
  *    amplified through the layers where a value's last bit moves a Q8_0
  *    rounding of the next input: every logit within 2 % of the largest, the
@@ -101,11 +103,19 @@ static void check_model(const char *name, const oracle_case *oc) {
     float *lp = malloc(sizeof(float) * (size_t)nv), *lt = malloc(sizeof(float) * (size_t)nv);
     memcpy(lp, engine_prefill(pass, prompt, n), sizeof(float) * (size_t)nv);
     memcpy(lt, engine_prefill(tokens, prompt, n), sizeof(float) * (size_t)nv);
-    const bool q4 = m.layers[0].wq.type == GGML_TYPE_Q4_0;
-    if (!q4) {
+    /* Q8_0 weights take decode's dots in the prompt too: the same bits. Q4_0
+     * and float weights take the prefill products, whose summation order is
+     * their own (docs/prefill.md): a last-bit difference, which Q4_0 models
+     * amplify through the next layer's Q8_0 rounding. */
+    const uint32_t type = m.layers[0].wq.type;
+    if (type == GGML_TYPE_Q8_0) {
         CHECK(memcmp(lp, lt, sizeof(float) * (size_t)nv) == 0, "%s: prompt pass logits differ from token by token",
               name);
     } else {
+        /* measured: F32 3.1e-4 of the largest logit (stories260K), F16 5.2e-4, Q4_0 1.2e-2; top-1
+         * 2.2e-3, 8.9e-4, 1.9e-2. The top-1 bounds are the oracle's tolerances against llama.cpp. */
+        const bool q4 = type == GGML_TYPE_Q4_0;
+        const float tol = q4 ? 2e-2f : 1e-3f, top1_tol = q4 ? 5e-2f : type == GGML_TYPE_F16 ? 2e-2f : 5e-3f;
         float worst = 0, top = 0;
         for (int i = 0; i < nv; i++) {
             worst = fmaxf(worst, fabsf(lp[i] - lt[i]));
@@ -115,10 +125,10 @@ static void check_model(const char *name, const oracle_case *oc) {
         const float top1 = fabsf(lp[best] - lt[best]);
         printf("%s: prompt pass vs token by token: largest logit difference %.3g (largest logit %.3g), top-1 %.3g\n",
                name, worst, top, top1);
-        CHECK(worst <= 2e-2f * top, "%s: logits differ by %g, more than 2e-2 of %g", name, worst, top);
-        CHECK(argmax(lp, nv) == best && top1 <= 5e-2f, "%s: top-1 token or its logit (by %g) differ", name, top1);
+        CHECK(worst <= tol * top, "%s: logits differ by %g, more than %g of %g", name, worst, tol, top);
+        CHECK(argmax(lp, nv) == best && top1 <= top1_tol, "%s: top-1 token or its logit (by %g) differ", name, top1);
         CHECK(memcmp(lp, lt, sizeof(float) * (size_t)nv) != 0,
-              "%s: the Q4_0 prompt pass gave token-by-token bits: is the prefill product in use?", name);
+              "%s: the prompt pass gave token-by-token bits: is the prefill product in use?", name);
     }
     int gp[16], gt[16];
     greedy(pass, lp, n, nv, gp);

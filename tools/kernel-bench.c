@@ -5,9 +5,10 @@
  * the caches (memory bound). Then the same for the predictor gemv
  * (pred_gemv.h, F16 and Q8_0 rows) on the predictors' two shapes, and decode attention's K . q
  * scores read head by head against position by position. Last, the
- * machine's int8 multiply-add peak (int8_peak.h) on one thread and on every
+ * machine's int8 multiply-add peak (mac_peak.h) on one thread and on every
  * CPU at once: the limit the quantized matrix products are judged against;
- * and the prefill product (gemm.h) of each set against it. */
+ * and the prefill product (gemm.h) of each set against it; then the F32 FMA
+ * peak likewise, and the float products (F16, F32) against it. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -21,7 +22,7 @@
 #include "kernels/kernels.h"
 #include "util/log.h"
 #include "kernels/pred_gemv.h"
-#include "kernels/int8_peak.h"
+#include "kernels/mac_peak.h"
 
 typedef struct {
     const char *name;
@@ -252,26 +253,27 @@ static void bench_attention(const kernels *const *isas, int n_isas, uint8_t *w, 
 }
 
 typedef struct {
+    double (*peak)(double seconds, const char **isa);
     double seconds, macs;
     const char *isa;
 } peak_job;
 
 static void *peak_thread(void *arg) {
     peak_job *j = arg;
-    j->macs = int8_peak_macs(j->seconds, &j->isa);
+    j->macs = j->peak(j->seconds, &j->isa);
     return NULL;
 }
 
-/* GMAC/s of int8 multiply-adds on 1 thread, then on n_threads at once (their
- * sum); returns the 1-thread figure (multiply-adds per second). */
-static double bench_int8_peak(int n_threads, double seconds) {
-    peak_job one = {seconds, 0, NULL}, all[64];
+/* GMAC/s of multiply-adds (int8_peak_macs or f32_peak_macs) on 1 thread, then
+ * on n_threads at once (their sum); returns the 1-thread figure (per second). */
+static double bench_peak(double (*peak)(double, const char **), const char *what, int n_threads, double seconds) {
+    peak_job one = {peak, seconds, 0, NULL}, all[64];
     peak_thread(&one);
     if (n_threads > 64) n_threads = 64;
     pthread_t tid[64];
     int started = 0;
     for (int i = 0; i < n_threads; i++) {
-        all[i] = (peak_job){seconds, 0, NULL};
+        all[i] = (peak_job){peak, seconds, 0, NULL};
         if (pthread_create(&tid[i], NULL, peak_thread, &all[i])) break;
         started++;
     }
@@ -280,7 +282,7 @@ static double bench_int8_peak(int n_threads, double seconds) {
         pthread_join(tid[i], NULL);
         sum += all[i].macs;
     }
-    printf("\nint8 multiply-add peak (%s, no memory traffic): 1 thread %.1f GMAC/s, %d threads %.1f GMAC/s\n",
+    printf("\n%s multiply-add peak (%s, no memory traffic): 1 thread %.1f GMAC/s, %d threads %.1f GMAC/s\n", what,
            one.isa, one.macs / 1e9, started, sum / 1e9);
     return one.macs;
 }
@@ -333,6 +335,64 @@ static void bench_gemm(const kernels *const *isas, int n_isas, uint8_t *w, size_
     }
     gemm_acts_free(&acts);
     free(scratch), free(y), free(xs), free(x8), free(x);
+}
+
+/* The float product (gemm.h) on one thread: the same 7B gate shape in F16 and
+ * F32 times 128 tokens, in GMAC/s and as a share of the 1-thread F32 FMA
+ * peak, beside what the prompt pass did before it: decode's dot per (row,
+ * token), rows in 256 KiB tiles each dotted with every token. */
+static void bench_gemm_float(const kernels *const *isas, int n_isas, uint8_t *w, size_t big_bytes, double seconds,
+                             double peak) {
+    const int rows = 11008, n = 4096, n_tok = 128;
+    float *x32 = malloc(sizeof(float) * (size_t)n * n_tok), *y = malloc(sizeof(float) * (size_t)rows * n_tok);
+    uint16_t *x16 = malloc(sizeof(uint16_t) * (size_t)n * n_tok);
+    const float **xs32 = malloc(sizeof *xs32 * n_tok);
+    const uint16_t **xs16 = malloc(sizeof *xs16 * n_tok);
+    void *scratch = aligned_alloc(64, (gemm_float_scratch_bytes(n) + 63) / 64 * 64);
+    if (!x32 || !y || !x16 || !xs32 || !xs16 || !scratch) {
+        log_error("out of memory for the float GEMM table");
+        exit(1);
+    }
+    for (int i = 0; i < n * n_tok; i++) x32[i] = rng_float();
+    quantize_row(GGML_TYPE_F16, x32, x16, (int64_t)n * n_tok);
+    for (int t = 0; t < n_tok; t++) xs32[t] = x32 + (size_t)t * n, xs16[t] = x16 + (size_t)t * n;
+    printf("\nprefill product of float weights (gemm_f16, gemm_f32), %d x %d, %d tokens, 1 thread\n", rows, n, n_tok);
+    printf("%-6s %-12s %-12s %10s %10s\n", "type", "isa", "path", "GMAC/s", "of peak");
+    for (int f16 = 1; f16 >= 0; f16--) {
+        const size_t row_bytes = (size_t)n * (f16 ? 2 : 4);
+        if ((size_t)rows * row_bytes > big_bytes) continue;
+        fill_weights(f16 ? KIND_F16 : KIND_F32, w, (size_t)rows * row_bytes, row_bytes, n);
+        for (int i = 0; i < n_isas; i++) {
+            const kernels *k = isas[i];
+            if (!k || k == kernels_scalar()) continue; /* too slow to stream */
+            for (int per_token = 0; per_token < 2; per_token++) {
+                long calls = 0;
+                const uint64_t t0 = clock_us();
+                uint64_t took;
+                do {
+                    if (!per_token && f16) k->gemm_f16((const uint16_t *)w, row_bytes, rows, xs16, n_tok, n, y, rows, scratch);
+                    else if (!per_token) k->gemm_f32((const float *)w, row_bytes, rows, xs32, n_tok, n, y, rows, scratch);
+                    else {
+                        const int tile = (int)((256u << 10) / row_bytes);
+                        for (int r0 = 0; r0 < rows; r0 += tile)
+                            for (int t = 0; t < n_tok; t++)
+                                for (int r = r0; r < r0 + tile && r < rows; r++)
+                                    y[(size_t)t * rows + r] =
+                                        f16 ? k->dot_f16((const uint16_t *)(w + (size_t)r * row_bytes), xs16[t], n)
+                                            : k->dot_f32((const float *)(w + (size_t)r * row_bytes), xs32[t], n);
+                    }
+                    calls++;
+                    took = clock_us() - t0;
+                } while (took < seconds * 1e6);
+                sink = y[rows - 1];
+                const double macs = (double)calls * rows * (double)n * n_tok / (took / 1e6);
+                printf("%-6s %-12s %-12s %10.1f %9.0f%%\n", f16 ? "f16" : "f32", k->name,
+                       per_token ? "decode dots" : "gemm", macs / 1e9, peak > 0 ? 100 * macs / peak : 0);
+                fflush(stdout);
+            }
+        }
+    }
+    free(scratch), free(xs16), free(xs32), free(x16), free(y), free(x32);
 }
 
 static void usage(FILE *out, const char *prog) {
@@ -439,8 +499,11 @@ int main(int argc, char **argv) {
     }
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
-    const double peak = bench_int8_peak((int)sysconf(_SC_NPROCESSORS_ONLN), min_seconds);
+    const int n_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const double peak = bench_peak(int8_peak_macs, "int8", n_cpus, min_seconds);
     bench_gemm(isas, n_isas, w, big_bytes, min_seconds, peak);
+    const double f32_peak = bench_peak(f32_peak_macs, "f32", n_cpus, min_seconds);
+    bench_gemm_float(isas, n_isas, w, big_bytes, min_seconds, f32_peak);
     free(gemv_out);
     free(w);
     free(x8);

@@ -28,6 +28,8 @@ struct prompt_pass {
     uint16_t *in_f16;
     block_q8_0 *in_q8;
     gemm_acts acts;  /* the current input packed for the prefill product */
+    const float **x32;      /* [max_tok]: each token's input as F32 weights take it */
+    const uint16_t **x16;   /* [max_tok]: and as F16 weights take it */
     void **scratch;  /* [n_threads] gemm_scratch_bytes(wide / 32) each */
     int32_t *fired;  /* [n_threads][n_ff]: a token's firing neurons in a down_t chunk */
     float *fired_h;  /* [n_threads][n_ff]: their activations */
@@ -51,6 +53,10 @@ static bool packed_product(const kernels *k, const weight *w) {
     return w->type == GGML_TYPE_Q4_0 && k->gemm_q4_0;
 }
 
+static bool float_product(const kernels *k, const weight *w) {
+    return (w->type == GGML_TYPE_F32 && k->gemm_f32) || (w->type == GGML_TYPE_F16 && k->gemm_f16);
+}
+
 /* ---- weights x tokens ---- */
 
 /* Rows per tile of the per-(row, token) path: a quarter of a 1 MiB L2, so a
@@ -63,6 +69,16 @@ static void product_rows(prompt_pass *p, const weight *w, int n_tok, float *out,
     if (packed_product(p->k, w)) {
         const block_q4_0 *rows = (const block_q4_0 *)((const char *)w->data + (size_t)r0 * w->row_bytes);
         p->k->gemm_q4_0(rows, w->row_bytes, (int)(r1 - r0), &p->acts, out + r0, stride, scratch);
+        return;
+    }
+    if (float_product(p->k, w)) {
+        const char *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (w->type == GGML_TYPE_F32)
+            p->k->gemm_f32((const float *)rows, w->row_bytes, (int)(r1 - r0), p->x32, n_tok, (int)w->cols, out + r0,
+                           stride, scratch);
+        else
+            p->k->gemm_f16((const uint16_t *)rows, w->row_bytes, (int)(r1 - r0), p->x16, n_tok, (int)w->cols,
+                           out + r0, stride, scratch);
         return;
     }
     long tile = (long)(ROW_TILE_BYTES / (w->row_bytes ? w->row_bytes : 1));
@@ -103,6 +119,10 @@ static void product_worker(void *ctx, int ith, int nth) {
 static void product(prompt_pass *p, int n_tok, int n, const weight *w0, float *o0, int s0, const weight *w1, float *o1,
                     int s1, const weight *w2, float *o2, int s2) {
     product_job j = {p, n_tok, n, {w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}};
+    for (int t = 0; t < n_tok; t++) {
+        p->x32[t] = p->in[t].f32;
+        p->x16[t] = p->in[t].f16;
+    }
     pool_run(p->pool, product_worker, &j);
 }
 
@@ -377,7 +397,10 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     p->scratch = engine_xcalloc(nth, sizeof(void *), &bad);
     p->fired = engine_xcalloc(nth * nf, sizeof(int32_t), &bad);
     p->fired_h = engine_xcalloc(nth * nf, sizeof(float), &bad);
-    const size_t scratch_bytes = (gemm_scratch_bytes(p->wide / QK8_0) + 63) / 64 * 64;
+    p->x32 = engine_xcalloc(T, sizeof *p->x32, &bad);
+    p->x16 = engine_xcalloc(T, sizeof *p->x16, &bad);
+    const size_t q4_scratch = gemm_scratch_bytes(p->wide / QK8_0), float_scratch = gemm_float_scratch_bytes(p->wide);
+    const size_t scratch_bytes = ((q4_scratch > float_scratch ? q4_scratch : float_scratch) + 63) / 64 * 64;
     for (size_t i = 0; !bad && i < nth; i++)
         if (!(p->scratch[i] = aligned_alloc(64, scratch_bytes))) bad = 1;
     if (!bad && gemm_acts_init(&p->acts, max_tok, p->wide / QK8_0 * QK8_0)) bad = 1;
@@ -398,6 +421,6 @@ void prompt_pass_free(prompt_pass *p) {
     free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->rope_cs); free(p->att);
     free(p->gate); free(p->up); free(p->hb); free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8);
     free(p->scores); free(p->probs16); free(p->logits_in); free(p->scratch);
-    free(p->fired); free(p->fired_h);
+    free(p->fired); free(p->fired_h); free(p->x32); free(p->x16);
     free(p);
 }

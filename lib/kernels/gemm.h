@@ -68,6 +68,45 @@ void gemm_q4_0_avx512(const block_q4_0 *w, size_t row_stride, int nrows, const g
 void gemm_q4_0_amx(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
                    size_t y_stride, void *scratch);
 
+/* ---- F32 and F16 weights ----
+ *
+ * The product of float weights takes llamafile's tinyBLAS order
+ * (kernels/tinyblas.h), the one llama.cpp's CPU backend gives its own prompt
+ * batches of F32 and F16 weights:
+ *
+ *     acc[0..15] = 0
+ *     for i < n, in order:  acc[i % 16] = fmaf(w[r][i], x[t][i], acc[i % 16])
+ *     y[t][r] = reduce16(acc)       GCC's _mm512_reduce_add_ps
+ *
+ * with F16 operands widened exactly. x[t] is token t's activations as the
+ * weight type takes them (F32, or F16 for F16 weights, the conversion decode
+ * makes too). n need not be a multiple of 16: past the end a lane keeps its
+ * value. Each value is computed alone, as above, so chunks give the same bits.
+ *
+ * Every accumulator is one vector of 16 lanes along the columns; the ISA
+ * versions hold a block of rows x tokens of them in registers, so a weight
+ * vector loaded once serves several tokens and a token's vector several rows.
+ * row_stride is in bytes. scratch: gemm_float_scratch_bytes(n), 64-byte aligned. */
+typedef void (*gemm_f32_fn)(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n,
+                            float *y, size_t y_stride, void *scratch);
+typedef void (*gemm_f16_fn)(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok,
+                            int n, float *y, size_t y_stride, void *scratch);
+
+size_t gemm_float_scratch_bytes(int n);
+
+void gemm_f32_ref(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
+                  size_t y_stride, void *scratch);
+void gemm_f16_ref(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
+                  float *y, size_t y_stride, void *scratch);
+void gemm_f32_avx2(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
+                   size_t y_stride, void *scratch);
+void gemm_f16_avx2(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
+                   float *y, size_t y_stride, void *scratch);
+void gemm_f32_avx512(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
+                     size_t y_stride, void *scratch);
+void gemm_f16_avx512(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
+                     float *y, size_t y_stride, void *scratch);
+
 /* The packed quants and scale of token t's block b (any tile). */
 static inline const int8_t *gemm_acts_quants(const gemm_acts *a, int t, int b) {
     return a->qs + (((size_t)(t / GEMM_TILE) * (size_t)a->nb + (size_t)b) * GEMM_TILE + (size_t)(t % GEMM_TILE)) * 32;

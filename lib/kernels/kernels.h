@@ -42,6 +42,9 @@ typedef struct {
     /* the prefill's Q4_0 weights x tokens product (gemm.h: its own summation
      * order, the same bits in every set) */
     gemm_q4_0_fn gemm_q4_0;
+    /* and of F32 / F16 weights, in tinyBLAS order (gemm.h), the same bits in every set */
+    gemm_f32_fn gemm_f32;
+    gemm_f16_fn gemm_f16;
     /* y[i] = exp(x[i] - max) for i < n; returns their sum (in double, as ggml) */
     double (*softmax_exp)(float *y, const float *x, float max, int n);
     /* h[i] = silu(g[i]) * u[i]; each h[i] depends on g[i] and u[i] alone, not on

@@ -76,6 +76,8 @@ const kernels kernels_avx2_impl = {
     .axpy_f32 = axpy_f32_avx2,
     .gemv_q4_0 = gemv_q4_0_avx2,
     .gemm_q4_0 = gemm_q4_0_avx2,
+    .gemm_f32 = gemm_f32_avx2,
+    .gemm_f16 = gemm_f16_avx2,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
 };

@@ -194,6 +194,8 @@ const kernels kernels_scalar_impl = {
     .axpy_f32 = axpy_f32_scalar,
     .gemv_q4_0 = gemv_q4_0_scalar,
     .gemm_q4_0 = gemm_q4_0_ref,
+    .gemm_f32 = gemm_f32_ref,
+    .gemm_f16 = gemm_f16_ref,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
 };
