@@ -95,7 +95,13 @@ $(BUILD)/bin/%: scripts/%.sh
 	@mkdir -p $(dir $@)
 	cp $< $@ && chmod +x $@
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(LIBPI2)
+# the planner's pieces (all but its main), for the tests of them
+PLANNER_A := $(BUILD)/planner.a
+$(PLANNER_A): $(patsubst %.c,$(BUILD)/%.o,$(filter-out planner/main.c,$(wildcard planner/*.c)))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(PLANNER_A) $(LIBPI2)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

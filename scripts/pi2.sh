@@ -8,6 +8,7 @@
 #   pi2 logs PROC [-f] [-r RUN]
 #   pi2 profile PROC [SECONDS] [-r RUN]
 #   pi2 rundir [-r RUN]
+#   pi2 plan -m MODEL (--mem-budget SIZE | --target-speed X) -o DIR [...]   |   pi2 plan show PLAN
 #   pi2 run [-r RUN] -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE]
 # RUN defaults to $PI2_RUN, else "default". The programs of the stack are found
 # next to this script (build/bin). `pi2 up` passes its environment on to every
@@ -45,6 +46,9 @@ usage: pi2 COMMAND [options]          (RUN: -r RUN, default $PI2_RUN or "default
                      generate through the stack (pi2-client), text streamed to stdout;
                      --dense forces a dense FFN (default: the stack's --ffn mode)
   rundir [-r RUN]    print the run directory (sockets, pid files, logs)
+  plan -m MODEL --mem-budget SIZE -o DIR [...]
+                     plan MODEL for a memory budget on this machine (the planner: profiles, bundle
+                     file, plan, predicted speed; -h for its options); plan show PLAN prints a plan
   -h, --help         this help
 Processes: cachemgr, io-worker, coordinator, npu-worker, cpu-worker.<i>; logs in RUN_DIR/logs.
 EOF
@@ -823,6 +827,7 @@ main() {
     profile) cmd_profile "$@" ;;
     run) cmd_run "$@" ;;
     rundir) cmd_rundir "$@" ;;
+    plan) exec "$BIN_DIR/planner" "$@" ;;
     __supervise) supervise "$@" ;;
     -h | --help | help) usage ;;
     *) echo "pi2: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;

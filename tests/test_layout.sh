@@ -54,7 +54,7 @@ while IFS= read -r f; do
             fi
         elif [ -n "${lib_header[$inc]+set}" ]; then
             bare+=("$f: \"$inc\" (${lib_header[$inc]})")
-        elif [ -n "$own" ] && [ "$inc" != pi2.pb-c.h ]; then
+        elif [ -n "$own" ] && [[ $inc != *.pb-c.h ]]; then
             bare+=("$f: \"$inc\" (not a lib header)")
         fi
     done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
@@ -68,6 +68,8 @@ done < <(git ls-files --cached --others --exclude-standard -- '*.c' '*.h' 2>/dev
 [ ${#missing[@]} -eq 0 ] || printf '  %s\n' "${missing[@]}"
 grep -q '^[[:space:]]*#[[:space:]]*include[[:space:]]*"pi2.pb-c.h"' -r lib --include='*.[ch]' -l | grep -qv '^lib/stack/'
 [ $? -ne 0 ]; check "only lib/stack/ includes the generated pi2.pb-c.h" $?
+grep -q '^[[:space:]]*#[[:space:]]*include[[:space:]]*"plan.pb-c.h"' -r lib --include='*.[ch]' -l | grep -qv '^lib/plan/'
+[ $? -ne 0 ]; check "only lib/plan/ includes the generated plan.pb-c.h" $?
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -23,7 +23,9 @@ bool ggml_type_supported(uint32_t type) {
            type == GGML_TYPE_Q8_0;
 }
 
-bool ggml_type_known(uint32_t type) { return ggml_type_supported(type) || type == GGML_TYPE_I8; }
+bool ggml_type_known(uint32_t type) {
+    return ggml_type_supported(type) || type == GGML_TYPE_I8 || type == GGML_TYPE_I32;
+}
 
 const char *ggml_type_name(uint32_t type) {
     if (type < N_GGML_NAMES && ggml_names[type]) return ggml_names[type];
@@ -45,7 +47,8 @@ uint32_t ggml_block_elems(uint32_t type) {
     switch (type) {
     case GGML_TYPE_F32:
     case GGML_TYPE_F16:
-    case GGML_TYPE_I8: return 1;
+    case GGML_TYPE_I8:
+    case GGML_TYPE_I32: return 1;
     case GGML_TYPE_Q4_0: return QK4_0;
     case GGML_TYPE_Q8_0: return QK8_0;
     default: return 0;
@@ -57,6 +60,7 @@ uint32_t ggml_block_bytes(uint32_t type) {
     case GGML_TYPE_F32: return 4;
     case GGML_TYPE_F16: return 2;
     case GGML_TYPE_I8: return 1;
+    case GGML_TYPE_I32: return 4;
     case GGML_TYPE_Q4_0: return sizeof(block_q4_0);
     case GGML_TYPE_Q8_0: return sizeof(block_q8_0);
     default: return 0;

@@ -11,7 +11,8 @@ enum ggml_type {
     GGML_TYPE_F16 = 1,
     GGML_TYPE_Q4_0 = 2,
     GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_I8 = 24, /* raw bytes: pi2's side files (bundles), never a weight */
+    GGML_TYPE_I8 = 24,  /* raw bytes: pi2's side files (bundles, profiles), never a weight */
+    GGML_TYPE_I32 = 26, /* 32-bit integers: pi2's side files (profile counts), never a weight */
 };
 
 #define QK4_0 32
@@ -33,14 +34,14 @@ _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
 
 /* true for F32, F16, Q4_0, Q8_0: the weight types */
 bool ggml_type_supported(uint32_t type);
-/* the weight types and I8: what the GGUF reader and writer take */
+/* the weight types, I8 and I32: what the GGUF reader and writer take */
 bool ggml_type_known(uint32_t type);
 /* "f32", "f16", "q4_0", "q8_0"; for others a ggml name if known ("q4_1", "q5_k", ...) or "type N" */
 const char *ggml_type_name(uint32_t type);
 /* parse "f32", "F16", "q4_0", "q8_0" (any case); returns -1 for any other name,
  * including known-but-unsupported ggml types */
 int ggml_type_from_name(const char *name);
-/* elements per block (1 for float types and I8) and bytes per block; 0 if not known */
+/* elements per block (1 for float types, I8 and I32) and bytes per block; 0 if not known */
 uint32_t ggml_block_elems(uint32_t type);
 uint32_t ggml_block_bytes(uint32_t type);
 /* bytes of a row of n elements; 0 if n is not a multiple of the block size

@@ -1,0 +1,36 @@
+/* The plan file: one protobuf Plan message (proto/plan.proto) that pi2 plan
+ * writes and the stack reads, framed as the magic "PI2PLAN1", the message,
+ * and the checksum64 of the message (8 bytes, little-endian), so a corrupted
+ * file is refused rather than read as another valid plan (protobuf decodes
+ * most flipped bytes into other values). Loading validates every field, alone and
+ * against the others (the parts fit in the budget, one hot count per layer,
+ * each within the layer's bundles, ...), and with a model, that the plan was
+ * made for that model's file; the errors name the file and the field. */
+#ifndef PI2_PLAN_FILE_H
+#define PI2_PLAN_FILE_H
+
+#include <stddef.h>
+
+#include "engine/model.h"
+#include "plan.pb-c.h"
+
+#define PLAN_VERSION 1
+#define PLAN_MAGIC "PI2PLAN1"
+#define PLAN_MAX_FILE_BYTES (16u << 20) /* a plan is a few KiB; refuse anything absurd before reading it */
+
+/* Reads and validates path; with m (may be NULL) also that it was made for
+ * m's file (model_path names it in messages). The plan is freed with
+ * plan_free. NULL with err set. */
+Pi2__Plan *plan_load(const char *path, const model *m, const char *model_path, char *err, size_t errlen);
+void plan_free(Pi2__Plan *p);
+
+/* The checks plan_load makes on a message (path names it in messages). 0, or -1 with err set. */
+int plan_validate(const Pi2__Plan *p, const char *path, char *err, size_t errlen);
+
+/* Validates p, then writes it through path.tmp, renamed at the end. 0, or -1 with err set. */
+int plan_save(const Pi2__Plan *p, const char *path, char *err, size_t errlen);
+
+/* Bundles of a layer of n_ff neurons at per_bundle neurons each. */
+static inline long plan_bundles_per_layer(long n_ff, long per_bundle) { return (n_ff + per_bundle - 1) / per_bundle; }
+
+#endif

@@ -1,0 +1,111 @@
+/* Bundles from the model profile (bundle_order.h). */
+#include "bundle_order.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double p;
+    long first; /* its first neuron's index in the grouped order */
+} bundle_rank;
+
+/* hottest first; ties by index, so the order is deterministic */
+static int by_count(const void *a, const void *b, void *counts) {
+    const uint32_t *c = counts;
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (c[i] != c[j]) return c[i] > c[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+static int by_need(const void *a, const void *b) {
+    const bundle_rank *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+/* tokens on which any of the n neurons fired */
+static long union_tokens(const model_profile *p, int l, const int32_t *neurons, int n, uint64_t *scratch) {
+    memset(scratch, 0, sizeof(uint64_t) * (size_t)p->words);
+    for (int k = 0; k < n; k++) {
+        const uint64_t *bits = p->fired + ((size_t)l * p->n_ff + (size_t)neurons[k]) * (size_t)p->words;
+        for (int w = 0; w < p->words; w++) scratch[w] |= bits[w];
+    }
+    long c = 0;
+    for (int w = 0; w < p->words; w++) c += __builtin_popcountll(scratch[w]);
+    return c;
+}
+
+/* groups of k: each next unassigned neuron in hot order with the k - 1 of the following GROUP_WINDOW
+ * unassigned ones that fired with it most often */
+static void group_layer(const model_profile *p, int l, const int32_t *hot, int k, int32_t *grouped) {
+    const int n = p->n_ff;
+    bool *taken = calloc((size_t)n, sizeof *taken);
+    long out = 0;
+    for (int i = 0; i < n; i++) {
+        const int lead = hot[i];
+        if (taken[lead]) continue;
+        taken[lead] = true;
+        grouped[out++] = lead;
+        for (int m = 1; m < k; m++) {
+            int best = -1;
+            uint32_t best_co = 0;
+            for (int j = i + 1, seen = 0; j < n && seen < GROUP_WINDOW; j++) {
+                if (taken[hot[j]]) continue;
+                seen++;
+                const uint32_t co = model_profile_cofired(p, l, lead, hot[j]);
+                if (best < 0 || co > best_co) best = hot[j], best_co = co;
+            }
+            if (best < 0) break;
+            taken[best] = true;
+            grouped[out++] = best;
+        }
+    }
+    free(taken);
+}
+
+int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
+    const int n = p->n_ff, k = per_bundle;
+    memset(o, 0, sizeof *o);
+    o->per_bundle = k;
+    o->n_bundles = (n + k - 1) / k;
+    o->order = malloc(sizeof(int32_t) * (size_t)p->n_layer * (size_t)n);
+    o->p_bundle = malloc(sizeof(double) * (size_t)p->n_layer * (size_t)o->n_bundles);
+    o->active = malloc(sizeof(double) * (size_t)p->n_layer);
+    int32_t *hot = malloc(sizeof(int32_t) * (size_t)n), *grouped = malloc(sizeof(int32_t) * (size_t)n);
+    bundle_rank *rank = malloc(sizeof(bundle_rank) * (size_t)o->n_bundles);
+    uint64_t *scratch = malloc(sizeof(uint64_t) * (size_t)(p->words ? p->words : 1));
+    const bool ok = o->order && o->p_bundle && o->active && hot && grouped && rank && scratch;
+    for (int l = 0; ok && l < p->n_layer; l++) {
+        uint32_t *layer_counts = p->counts + (size_t)l * n;
+        for (int i = 0; i < n; i++) hot[i] = i;
+        qsort_r(hot, (size_t)n, sizeof *hot, by_count, layer_counts);
+        double fired = 0;
+        for (int i = 0; i < n; i++) fired += layer_counts[i];
+        o->active[l] = p->n_tokens ? fired / p->n_tokens : 0;
+        if (k == 1) memcpy(grouped, hot, sizeof(int32_t) * (size_t)n);
+        else group_layer(p, l, hot, k, grouped);
+        /* a short last group stays last: only whole groups are sorted */
+        const long whole = n / k;
+        for (long b = 0; b < o->n_bundles; b++) {
+            const int len = b < whole ? k : n - (int)(b * k);
+            rank[b].first = b * k;
+            rank[b].p = p->n_tokens ? (double)union_tokens(p, l, grouped + b * k, len, scratch) / p->n_tokens : 0;
+        }
+        qsort(rank, (size_t)whole, sizeof *rank, by_need);
+        int32_t *dst = o->order + (size_t)l * n;
+        for (long b = 0; b < o->n_bundles; b++) {
+            const int len = b < whole ? k : n - (int)(b * k);
+            memcpy(dst + b * k, grouped + rank[b].first, sizeof(int32_t) * (size_t)len);
+            o->p_bundle[(size_t)l * o->n_bundles + b] = rank[b].p;
+        }
+    }
+    free(hot), free(grouped), free(rank), free(scratch);
+    if (!ok) bundle_order_free(o);
+    return ok ? 0 : -1;
+}
+
+void bundle_order_free(bundle_order *o) {
+    free(o->order), free(o->p_bundle), free(o->active);
+    memset(o, 0, sizeof *o);
+}

@@ -1,0 +1,32 @@
+/* Which neurons share a bundle, and in what order a layer's bundles lie in
+ * the bundle file, from the model profile (docs/planner.md).
+ *
+ * One neuron per bundle: the neurons hottest first. k per bundle: neurons are
+ * taken hottest first, each joined by the k - 1 unassigned neurons among the
+ * next GROUP_WINDOW in hot order that fired with it most often (co-activation),
+ * so a token that needs one of them likely needs the others, and one read
+ * serves them all. Then the bundles are sorted by how often a token needs
+ * them (any member fired), so every layer's bundles are hottest first and a
+ * pinned hot set is a prefix; a short bundle (n_ff not a multiple of k) stays
+ * last, where the bundle file puts it. */
+#ifndef PI2_PLANNER_BUNDLE_ORDER_H
+#define PI2_PLANNER_BUNDLE_ORDER_H
+
+#include "calib/model_profile.h"
+
+#define GROUP_WINDOW 64
+
+typedef struct {
+    int per_bundle;
+    long n_bundles;     /* per layer */
+    int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot, as bundle_write takes it */
+    double *p_bundle;   /* [n_layer][n_bundles]: probability a token needs the bundle, descending per
+                           layer but for a short last bundle */
+    double *active;     /* [n_layer]: mean neurons fired per token */
+} bundle_order;
+
+/* 0, or -1 when out of memory. */
+int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle);
+void bundle_order_free(bundle_order *o);
+
+#endif

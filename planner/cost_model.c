@@ -1,0 +1,97 @@
+/* The cost model (cost_model.h). */
+#include "cost_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* seconds to stream `rows` rows of `bytes` each at `rows_s` per thread on `threads` threads, or at the
+ * machine's bandwidth, whichever is slower */
+static double stream_s(double rows, double bytes, double rows_s, int threads, double mem_gbs) {
+    if (rows <= 0) return 0;
+    const double by_kernel = rows / (rows_s * threads), by_memory = rows * bytes / (mem_gbs * 1e9);
+    return by_kernel > by_memory ? by_kernel : by_memory;
+}
+
+/* Che's characteristic time T for an LRU cache of `slots` over items asked
+ * with probabilities p (n of them): sum(1 - exp(-p T)) = slots */
+static double che_time(const double *p, long n, long slots) {
+    if (slots <= 0) return 0;
+    double lo = 0, hi = 1;
+    long nonzero = 0;
+    for (long i = 0; i < n; i++) nonzero += p[i] > 0;
+    if (slots >= nonzero) return INFINITY;
+    for (;;) { /* grow until the occupancy passes the slots */
+        double occ = 0;
+        for (long i = 0; i < n; i++) occ += 1 - exp(-p[i] * hi);
+        if (occ >= (double)slots || hi > 1e12) break;
+        lo = hi, hi *= 4;
+    }
+    for (int it = 0; it < 60; it++) {
+        const double mid = 0.5 * (lo + hi);
+        double occ = 0;
+        for (long i = 0; i < n; i++) occ += 1 - exp(-p[i] * mid);
+        if (occ < (double)slots) lo = mid;
+        else hi = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout *lay, cost_prediction *out) {
+    const int T = lay->threads > 0 ? lay->threads : 1;
+    const double mem = T > 1 ? hw->mem_gbs_all : hw->mem_gbs_one;
+    /* dense weights: at the dense kernel's rate, in row-equivalents of the FFN row size */
+    double compute_s = stream_s(in->dense_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem);
+
+    /* the cold bundles of every layer, asked for per token, for the LRU approximation */
+    double *cold_p = malloc(sizeof(double) * (size_t)in->n_layer * (size_t)in->n_bundles);
+    long n_cold = 0;
+    for (int l = 0; l < in->n_layer; l++) {
+        const long hot = lay->hot_bundles ? lay->hot_bundles[l] : in->n_bundles;
+        for (long b = hot; b < in->n_bundles && cold_p; b++) cold_p[n_cold++] = in->p_bundle[(size_t)l * in->n_bundles + b];
+    }
+    const double tc = cold_p ? che_time(cold_p, n_cold, lay->cold_slots) : 0;
+    free(cold_p);
+
+    double needed = 0, misses = 0, io_s = 0, exposed_s = 0;
+    for (int l = 0; l < in->n_layer; l++) {
+        const double act = in->active[l];
+        double ffn_s;
+        if (in->mode == FFN_DENSE) /* every gate, up and down row: n_ff rows of each, the down ones as long */
+            ffn_s = stream_s(3.0 * in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem);
+        else if (in->mode == FFN_GATE_FIRST)
+            ffn_s = stream_s(in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem) +
+                    stream_s(act, (double)in->up_row, hw->sparse_rows_s, T, mem);
+        else
+            ffn_s = stream_s(2 * act, 0.5 * (double)(in->gate_row + in->up_row), hw->sparse_rows_s, T, mem);
+        if (in->mode != FFN_DENSE) ffn_s += stream_s(act, (double)in->down_row, hw->axpy_rows_s, T, mem);
+
+        const long hot = lay->hot_bundles ? lay->hot_bundles[l] : in->n_bundles;
+        double miss_l = 0, need_l = 0;
+        for (long b = 0; b < in->n_bundles; b++) {
+            const double p = in->p_bundle[(size_t)l * in->n_bundles + b];
+            need_l += p;
+            if (b >= hot) miss_l += p * (isinf(tc) ? 0 : exp(-p * tc));
+        }
+        /* a layer's misses go out as one batch: about one read's latency, then the rest at the queue
+         * depth's throughput (both grow with the misses, so fewer misses never predict slower reads) */
+        double io_l = 0;
+        if (miss_l > 0)
+            io_l = fmin(miss_l, 1.0) / hw_io_iops(hw, in->stride, 1) +
+                   fmax(miss_l - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
+        /* the resident share computes while the reads are in flight; what arrives computes as it lands */
+        const double missed_share = need_l > 0 ? miss_l / need_l : 0;
+        const double layer_s = fmax(ffn_s, io_l + ffn_s * missed_share);
+        exposed_s += layer_s - ffn_s;
+        compute_s += ffn_s;
+        io_s += io_l;
+        needed += need_l, misses += miss_l;
+    }
+    const double bus_s = in->n_layer * hw->bus_rtt_us * 1e-6;
+    const double total_s = compute_s + exposed_s + bus_s;
+    out->tok_s = total_s > 0 ? 1 / total_s : 0;
+    out->hit_rate = needed > 0 ? 1 - misses / needed : 1;
+    out->misses_per_token = misses;
+    out->compute_ms = compute_s * 1e3;
+    out->io_ms = io_s * 1e3;
+    out->exposed_io_ms = exposed_s * 1e3;
+}

@@ -1,0 +1,49 @@
+/* The planner's cost model: decode tokens per second predicted from the
+ * hardware profile (what this machine does per second) and the model profile
+ * (which bundles a token needs), for a given memory layout (docs/planner.md).
+ *
+ * Per token and layer: dense work (attention, and the predictor or every gate
+ * row) and the sparse FFN (gathered gate / up rows, down_t axpys) at the
+ * measured kernel rates on the compute threads, capped by memory bandwidth;
+ * the bundles the token needs that are neither pinned hot nor in the cold
+ * cache are read as one batch per layer (one read's latency, then the rest at
+ * the queue depth's measured IOPS), overlapped with the resident part's
+ * compute. The cold cache is LRU under Che's approximation:
+ * bundle i, asked for with probability p_i per token, is found with
+ * probability 1 - exp(-p_i T), T such that the expected occupancy fills the
+ * slots. Plus a bus round trip per layer. */
+#ifndef PI2_PLANNER_COST_MODEL_H
+#define PI2_PLANNER_COST_MODEL_H
+
+#include <stddef.h>
+
+#include "engine/ffn_mode.h"
+#include "hw_profile.h"
+
+typedef struct {
+    int n_layer, n_ff;
+    ffn_mode mode;                 /* FFN_PREDICTOR or FFN_GATE_FIRST; FFN_DENSE for the dense
+                                      reference (every row, everything resident) */
+    double dense_bytes;            /* weights read densely per token: attention, output, predictors */
+    size_t gate_row, up_row, down_row; /* bytes of one neuron's rows */
+    const double *active;          /* [n_layer] mean neurons fired per token */
+    /* bundles, each layer in slot order (the bundle file's order): probability a token needs it */
+    long n_bundles;                /* per layer */
+    size_t stride;                 /* bytes per bundle */
+    const double *p_bundle;        /* [n_layer][n_bundles] */
+} cost_inputs;
+
+typedef struct {
+    const long *hot_bundles;       /* [n_layer] pinned, the first of each layer's slots; NULL: all resident */
+    long cold_slots;
+    int queue_depth;
+    int threads;                   /* decode compute threads in all */
+} cost_layout;
+
+typedef struct {
+    double tok_s, hit_rate, misses_per_token, compute_ms, io_ms, exposed_io_ms;
+} cost_prediction;
+
+void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout *lay, cost_prediction *out);
+
+#endif

@@ -1,0 +1,351 @@
+/* The hardware profile's measurements (hw_profile.h): memory bandwidth, the
+ * FFN's kernels on rows streamed from memory, and the order of the whole.
+ * Storage is measured in hw_profile_io.c, the bus in hw_profile_bus.c; the
+ * file and the interpolation are in hw_profile_file.c. */
+#include "hw_profile.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/ops.h"
+#include "gguf/f16.h"
+#include "kernels/kernels.h"
+#include "kernels/sparse_kernels.h"
+#include "plan/bundle.h"
+#include "util/clock.h"
+#include "util/huge_alloc.h"
+#include "util/log.h"
+#include "util/mem_limit.h"
+#include "util/synth_rng.h"
+#include "util/threadpool.h"
+
+#define DEFAULT_SECONDS_PER_POINT 0.2
+#define MEMORY_BYTES ((size_t)256 << 20) /* or twice the L3 if more: far larger than the caches */
+#define MEMORY_MIN_BYTES ((size_t)16 << 20)
+#define MIN_PASSES 2
+#define MATVEC_CHUNK_ROWS 1024           /* dense rows per matvec call: the output stays in L1 */
+#define SPARSE_SHARE 10                  /* a gather reads one row in SPARSE_SHARE */
+/* progress points besides storage's: memory 1 and all threads, dense, gather, axpy; the bus */
+
+/* ---- progress: one point is about seconds_per_point of work ---- */
+
+typedef struct {
+    const hw_profile_opts *o;
+    int done, total; /* points */
+} progress;
+
+static void progress_step(void *ctx, const char *step) {
+    progress *p = ctx;
+    if (p->o->progress) p->o->progress(p->o->progress_ctx, step, (double)p->done / p->total);
+    p->done++;
+}
+
+/* One pass of a measurement; returns the work it did (bytes, rows). */
+typedef double (*pass_fn)(void *ctx);
+
+/* The best work per second of the passes run during `seconds` (at least
+ * MIN_PASSES): the fastest pass is the one least disturbed by the other work
+ * of a shared machine. */
+static double best_rate(pass_fn pass, void *ctx, double seconds) {
+    double best = 0;
+    const double start = clock_seconds();
+    for (int i = 0; i < MIN_PASSES || clock_seconds() - start < seconds; i++) {
+        const double t0 = clock_seconds();
+        const double work = pass(ctx);
+        const double t = clock_seconds() - t0;
+        if (t > 0 && work / t > best) best = work / t;
+    }
+    return best;
+}
+
+/* ---- memory read bandwidth ---- */
+
+typedef uint64_t u64x2 __attribute__((vector_size(16), may_alias));
+
+/* keeps the sums from being optimised away; relaxed adds: nothing reads it */
+static _Atomic uint64_t memory_sink;
+
+/* Sum of bytes as 64-bit words, in four independent vector sums so that the
+ * adds keep up with memory (bytes: a multiple of 64, p 16-byte aligned). */
+static uint64_t sum_words(const uint8_t *p, size_t bytes) {
+    u64x2 a = {0}, b = {0}, c = {0}, d = {0};
+    for (size_t i = 0; i < bytes; i += 64) {
+        const u64x2 *v = (const u64x2 *)(p + i);
+        a += v[0], b += v[1], c += v[2], d += v[3];
+    }
+    const u64x2 s = a + b + c + d;
+    return s[0] + s[1];
+}
+
+typedef struct {
+    const uint8_t *buf;
+    size_t bytes; /* a multiple of 64 */
+    threadpool *pool;
+} memory_bench;
+
+static void sum_share(void *ctx, int ith, int nth) {
+    const memory_bench *b = ctx;
+    long begin, end;
+    pool_split((long)(b->bytes / 64), ith, nth, &begin, &end);
+    const uint64_t s = sum_words(b->buf + (size_t)begin * 64, (size_t)(end - begin) * 64);
+    atomic_fetch_add_explicit(&memory_sink, s, memory_order_relaxed);
+}
+
+static double sum_one_thread(void *ctx) {
+    const memory_bench *b = ctx;
+    atomic_fetch_add_explicit(&memory_sink, sum_words(b->buf, b->bytes), memory_order_relaxed);
+    return (double)b->bytes;
+}
+
+static double sum_all_threads(void *ctx) {
+    memory_bench *b = ctx;
+    pool_run(b->pool, sum_share, b);
+    return (double)b->bytes;
+}
+
+static int measure_memory(hw_profile *h, const uint8_t *buf, size_t bytes, double seconds, progress *p, char *err,
+                          size_t errlen) {
+    memory_bench b = {.buf = buf, .bytes = bytes / 64 * 64, .pool = pool_new(h->n_cpus)};
+    if (!b.pool) {
+        err_set(err, errlen, "memory bandwidth: cannot start %d threads", h->n_cpus);
+        return -1;
+    }
+    progress_step(p, "memory bandwidth, 1 thread");
+    h->mem_gbs_one = best_rate(sum_one_thread, &b, seconds) / 1e9;
+    progress_step(p, "memory bandwidth, all threads");
+    h->mem_gbs_all = best_rate(sum_all_threads, &b, seconds) / 1e9;
+    pool_free(b.pool);
+    return 0;
+}
+
+/* ---- the FFN's kernels ---- */
+
+/* Random valid rows of `type` over bytes (a multiple of 8): floats below 2
+ * in magnitude and above 2^-15 (F32) or 2^-3 (F16), so no denormals,
+ * infinities or NaNs; quantized blocks of random quants under the scale 0.01. */
+static void fill_rows(uint8_t *buf, size_t bytes, uint32_t type, uint64_t seed) {
+    synth_rng r = synth_stream(synth_key(seed, type, 0, 0), 0);
+    for (size_t off = 0; off < bytes; off += 8) {
+        uint64_t v = synth_next(&r);
+        if (type == GGML_TYPE_F32) v = (v & ~0x4000000040000000ull) | 0x3800000038000000ull; /* exponent 112..127 */
+        if (type == GGML_TYPE_F16) v = (v & ~0x4000400040004000ull) | 0x3000300030003000ull; /* exponent 12..15 */
+        memcpy(buf + off, &v, sizeof v);
+    }
+    if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) return;
+    const size_t block = ggml_block_bytes(type);
+    const uint16_t d = f32_to_f16(0.01f);
+    for (size_t off = 0; off + block <= bytes; off += block) memcpy(buf + off, &d, sizeof d);
+}
+
+typedef struct {
+    const kernels *k;
+    const sparse_type_kernels *sk; /* for w's type */
+    weight w;                      /* the synthetic matrix, filling the buffer */
+    act_vec in;                    /* a random activation, converted for every type */
+    float *x, *y;                  /* [row_len] */
+    float *out, *coef;             /* [max(MATVEC_CHUNK_ROWS, largest class)] */
+    int32_t *rows_by_class;        /* [w.rows]: class 0's rows ascending, then class 1's, ... */
+    long class_start[SPARSE_SHARE + 1];
+    int next_class;
+} kernel_bench;
+
+static int row_class(long row) { return (int)(synth_mix((uint64_t)row * SYNTH_GOLDEN) % SPARSE_SHARE); }
+
+/* Deals the rows at random into SPARSE_SHARE classes, each ascending (as a
+ * predictor names neurons). Pass k gathers class k % SPARSE_SHARE, so a row
+ * is read again only after all the others: the caches hold none of it by
+ * then. Returns the largest class's size. */
+static long deal_rows(kernel_bench *b) {
+    long count[SPARSE_SHARE] = {0}, next[SPARSE_SHARE], largest = 0;
+    for (long r = 0; r < b->w.rows; r++) count[row_class(r)]++;
+    for (int c = 0; c < SPARSE_SHARE; c++) {
+        next[c] = b->class_start[c];
+        b->class_start[c + 1] = b->class_start[c] + count[c];
+        largest = count[c] > largest ? count[c] : largest;
+    }
+    for (long r = 0; r < b->w.rows; r++) b->rows_by_class[next[row_class(r)]++] = (int32_t)r;
+    return largest;
+}
+
+static const void *activation_for(const kernel_bench *b) {
+    if (b->w.type == GGML_TYPE_F32) return b->in.f32;
+    return b->w.type == GGML_TYPE_F16 ? (const void *)b->in.f16 : (const void *)b->in.q8;
+}
+
+/* The next class's rows and their count. */
+static const int32_t *next_class(kernel_bench *b, int *count) {
+    const int c = b->next_class;
+    b->next_class = (c + 1) % SPARSE_SHARE;
+    *count = (int)(b->class_start[c + 1] - b->class_start[c]);
+    return b->rows_by_class + b->class_start[c];
+}
+
+static double dense_pass(void *ctx) {
+    const kernel_bench *b = ctx;
+    for (long r0 = 0; r0 < b->w.rows; r0 += MATVEC_CHUNK_ROWS) {
+        const long r1 = r0 + MATVEC_CHUNK_ROWS < b->w.rows ? r0 + MATVEC_CHUNK_ROWS : (long)b->w.rows;
+        matvec_rows_packed(b->k, &b->w, &b->in, b->out, r0, r1);
+    }
+    return (double)b->w.rows;
+}
+
+static double gather_pass(void *ctx) {
+    kernel_bench *b = ctx;
+    int count;
+    const int32_t *idx = next_class(b, &count);
+    b->sk->dot(b->w.data, b->w.row_bytes, idx, count, activation_for(b), (int)b->w.cols, b->out, NULL);
+    return count;
+}
+
+static double axpy_pass(void *ctx) {
+    kernel_bench *b = ctx;
+    int count;
+    const int32_t *idx = next_class(b, &count);
+    memset(b->y, 0, sizeof(float) * (size_t)b->w.cols);
+    b->sk->axpy(b->w.data, b->w.row_bytes, idx, b->coef, count, b->y, (int)b->w.cols, NULL);
+    return count;
+}
+
+/* The matrix: random rows of `type` filling buf (bytes: a multiple of 8),
+ * dealt into classes for the gathers. */
+static int kernel_bench_init(kernel_bench *b, uint8_t *buf, size_t bytes, uint32_t type, int row_len) {
+    const size_t row_bytes = ggml_row_bytes(type, (uint64_t)row_len);
+    b->sk = sparse_kernels_for_type(sparse_kernels_best(), type);
+    if (!b->sk || row_bytes == 0 || bytes / row_bytes < SPARSE_SHARE || bytes / row_bytes > INT32_MAX) return -1;
+    fill_rows(buf, bytes, type, 1);
+    b->w = (weight){.data = buf, .type = type, .rows = (int64_t)(bytes / row_bytes), .cols = row_len,
+                    .row_bytes = row_bytes};
+    free(b->rows_by_class), free(b->out), free(b->coef);
+    b->rows_by_class = malloc(sizeof(int32_t) * (size_t)b->w.rows);
+    if (!b->rows_by_class) return -1;
+    const long largest = deal_rows(b);
+    const size_t per_row = (size_t)(largest > MATVEC_CHUNK_ROWS ? largest : MATVEC_CHUNK_ROWS);
+    b->out = malloc(sizeof(float) * per_row);
+    b->coef = malloc(sizeof(float) * per_row);
+    if (!b->out || !b->coef) return -1;
+    synth_rng r = synth_stream(synth_key(2, type, (uint64_t)row_len, 0), 0);
+    for (size_t i = 0; i < per_row; i++) b->coef[i] = (float)(2 * synth_uniform(&r) - 1);
+    return 0;
+}
+
+static void kernel_bench_free(kernel_bench *b) {
+    free(b->x), free(b->y), free(b->in.f16), free(b->in.q8);
+    free(b->out), free(b->coef), free(b->rows_by_class);
+}
+
+/* The activation x, converted once for every weight type. */
+static int kernel_bench_activation(kernel_bench *b, int row_len) {
+    b->k = kernels_best();
+    b->x = malloc(sizeof(float) * (size_t)row_len);
+    b->y = malloc(sizeof(float) * (size_t)row_len);
+    b->in.f16 = malloc(sizeof(uint16_t) * (size_t)row_len);
+    b->in.q8 = malloc(sizeof(block_q8_0) * (size_t)(row_len / QK8_0 + 1));
+    if (!b->x || !b->y || !b->in.f16 || !b->in.q8) return -1;
+    synth_rng r = synth_stream(synth_key(3, (uint64_t)row_len, 0, 0), 0);
+    for (int i = 0; i < row_len; i++) b->x[i] = (float)(2 * synth_uniform(&r) - 1);
+    b->in.f32 = b->x;
+    b->k->f32_to_f16_row(b->x, b->in.f16, row_len);
+    if (row_len % QK8_0 == 0) b->k->quantize_q8_0(b->x, b->in.q8, row_len);
+    return 0;
+}
+
+/* MEMORY_BYTES or twice the L3 cache, at most a quarter of the memory that
+ * may be used, whole huge pages. */
+static size_t memory_bench_bytes(void) {
+    mem_limit lim;
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t bytes = l3 > 0 && 2 * (size_t)l3 > MEMORY_BYTES ? 2 * (size_t)l3 : MEMORY_BYTES;
+    if (mem_limit_read("", &lim) == 0 && lim.bytes / 4 < bytes) bytes = (size_t)(lim.bytes / 4);
+    bytes = bytes / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    return bytes > MEMORY_MIN_BYTES ? bytes : MEMORY_MIN_BYTES;
+}
+
+/* Memory and kernels share one buffer, filled with the FFN's gate rows
+ * before the bandwidth is read (so that every page is backed), then with
+ * down_t rows for the axpy where their type differs. */
+static int measure_memory_and_kernels(hw_profile *h, uint32_t down_type, double seconds, progress *p, char *err,
+                                      size_t errlen) {
+    size_t mapped = 0, bytes = memory_bench_bytes();
+    uint8_t *buf = huge_alloc(bytes, &mapped);
+    kernel_bench b = {0};
+    int rc = -1;
+    if (!buf || kernel_bench_activation(&b, h->row_len)) {
+        err_set(err, errlen, "out of memory for a %zu MiB buffer to measure memory and kernels", bytes >> 20);
+        goto out;
+    }
+    if (kernel_bench_init(&b, buf, bytes, h->weight_type, h->row_len)) {
+        err_set(err, errlen, "kernels: no sparse kernels for %s rows of %d, or out of memory",
+                ggml_type_name(h->weight_type), h->row_len);
+        goto out;
+    }
+    if (measure_memory(h, buf, bytes, seconds, p, err, errlen)) goto out;
+    progress_step(p, "dense dot");
+    h->dense_rows_s = best_rate(dense_pass, &b, seconds);
+    progress_step(p, "sparse gather");
+    h->sparse_rows_s = best_rate(gather_pass, &b, seconds);
+    if (down_type != h->weight_type && kernel_bench_init(&b, buf, bytes, down_type, h->row_len)) {
+        err_set(err, errlen, "kernels: no sparse kernels for %s down_t rows of %d, or out of memory",
+                ggml_type_name(down_type), h->row_len);
+        goto out;
+    }
+    progress_step(p, "sparse axpy");
+    h->axpy_rows_s = best_rate(axpy_pass, &b, seconds);
+    rc = 0;
+out:
+    kernel_bench_free(&b);
+    huge_free(buf, mapped);
+    return rc;
+}
+
+/* ---- the whole ---- */
+
+/* /proc/cpuinfo's first "model name" (x86), else "unknown". */
+static void cpu_model_name(char *out, size_t outlen) {
+    snprintf(out, outlen, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        const char *v = colon + 1 + strspn(colon + 1, " \t");
+        const size_t len = strcspn(v, "\n");
+        if (len) snprintf(out, outlen, "%.*s", (int)len, v);
+        break;
+    }
+    fclose(f);
+}
+
+int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, char *err, size_t errlen) {
+    const double start = clock_seconds();
+    const double seconds = o->seconds_per_point > 0 ? o->seconds_per_point : DEFAULT_SECONDS_PER_POINT;
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    *h = (hw_profile){.version = HW_PROFILE_VERSION,
+                      .n_cpus = cpus > 0 ? (int)cpus : 1,
+                      .weight_type = m->layers[0].gate.type,
+                      .row_len = m->n_embd};
+    cpu_model_name(h->cpu, sizeof h->cpu);
+    snprintf(h->kernels, sizeof h->kernels, "%s", kernels_best()->name);
+    struct stat st;
+    if (stat(o->model_path, &st)) {
+        err_set(err, errlen, "%s: %s", o->model_path, strerror(errno));
+        return -1;
+    }
+    h->fs_dev = (uint64_t)st.st_dev;
+    progress p = {.o = o, .total = MEMORY_KERNEL_POINTS + HW_IO_POINTS + BUS_POINTS};
+    if (measure_memory_and_kernels(h, bundle_down_type(m), seconds, &p, err, errlen) ||
+        hw_profile_measure_io(h, o->model_path, seconds, progress_step, &p, err, errlen))
+        return -1;
+    progress_step(&p, "bus round trip");
+    if (hw_profile_measure_bus(h, err, errlen)) return -1;
+    h->seconds = clock_seconds() - start;
+    if (o->progress) o->progress(o->progress_ctx, "done", 1.0);
+    return 0;
+}

@@ -1,0 +1,97 @@
+/* The planner's hardware profile: what this machine does per second, measured
+ * once and cached (pi2 plan --reprofile measures again). The cost model
+ * (lib/plan/cost_model.h) predicts decode speed from it and the model profile.
+ *
+ * Kernel figures are for one weight type and row length (the model's FFN),
+ * one thread, weights streamed from memory (not cache). I/O figures are
+ * O_DIRECT random reads with io_uring on the model's own file system, at each
+ * candidate bundle size and queue depth. */
+#ifndef PI2_PLANNER_HW_PROFILE_H
+#define PI2_PLANNER_HW_PROFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+
+#define HW_PROFILE_VERSION 1
+#define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
+#define HW_IO_DEPTHS 7 /* queue depths: 1, 2, 4, 8, 16, 32, 64 */
+
+extern const int hw_io_size_kib[HW_IO_SIZES];
+extern const int hw_io_depth[HW_IO_DEPTHS];
+
+typedef struct {
+    int version;
+    char cpu[96];             /* /proc/cpuinfo model name */
+    int n_cpus;               /* online CPUs */
+    char kernels[24];         /* kernel set measured (kernels_best()->name) */
+    /* memory read bandwidth, GB/s (1e9 bytes), large buffer, 1 thread and n_cpus threads */
+    double mem_gbs_one, mem_gbs_all;
+    /* kernels for this FFN weight type and row length, one thread, rows from memory */
+    uint32_t weight_type;     /* GGML_TYPE_* of ffn_gate */
+    int row_len;              /* n_embd */
+    double dense_rows_s;      /* dense dot (matvec) rows per second */
+    double sparse_rows_s;     /* gathered rows (sparse_kernels: a 10 % random subset, in index order) per second */
+    double axpy_rows_s;       /* down_t rows accumulated by the sparse axpy per second */
+    /* storage, on the file system holding the model */
+    uint64_t fs_dev;          /* st_dev of the model file: the cache key */
+    bool o_direct;            /* false when O_DIRECT was refused (then reads went through the page cache) */
+    double iops[HW_IO_SIZES][HW_IO_DEPTHS]; /* random aligned reads per second */
+    double seq_mbs;           /* sequential 1 MiB reads (4 in flight), MB/s (1e6 bytes) */
+    double bus_rtt_us;        /* ZeroMQ request-reply round trip over ipc, microseconds (median) */
+    double seconds;           /* how long the measurement took */
+} hw_profile;
+
+/* Steps report progress as (what, fraction of the whole profile done);
+ * step is valid during the call only. */
+typedef void (*hw_progress_fn)(void *ctx, const char *step, double done);
+
+typedef struct {
+    const char *model_path;   /* the I/O is measured on its file system */
+    double seconds_per_point; /* time per measured point (default 0.2 when <= 0); tests use less */
+    hw_progress_fn progress;
+    void *progress_ctx;
+} hw_profile_opts;
+
+/* Measures everything (under a minute on a default run). The storage figures
+ * come from the model file when it has 64 MiB or more, else from a scratch
+ * file of up to 256 MiB written beside it (unlinked as soon as created, so
+ * never left behind). 0, or -1 with err set. */
+int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, char *err, size_t errlen);
+
+/* The cache file for this machine and the model's file system and FFN type:
+ * $XDG_CACHE_HOME/pi2 (else ~/.cache/pi2)/hw-<dev>-<type name>-<row_len>.txt,
+ * e.g. hw-2049-q4_0-4096.txt. Only names it (save creates the directory). */
+int hw_profile_cache_path(const model *m, const char *model_path, char *out, size_t outlen, char *err, size_t errlen);
+
+/* A text file of "key value" lines, one per field (iops as iops.<KiB>.<depth>,
+ * o_direct as 0 or 1, numbers exact: save then load gives the same bits).
+ * save writes path.tmp and renames it, creating path's directory if missing.
+ * load refuses a file of another version, a missing, repeated or
+ * out-of-range field, an unknown key or a line cut short, naming the file,
+ * line and key. 0, or -1 with err set (load then leaves h as it was). */
+int hw_profile_save(const hw_profile *h, const char *path, char *err, size_t errlen);
+int hw_profile_load(hw_profile *h, const char *path, char *err, size_t errlen);
+
+/* Random reads per second of `bytes` at queue depth `depth`, interpolated
+ * between the measured sizes and depths: the time per read linear in bytes,
+ * the reads per second linear in log(depth). Exact at the grid's points;
+ * clamped outside it, except that reads above 32 KiB take 32 KiB reads' time
+ * times bytes / 32 KiB. */
+double hw_io_iops(const hw_profile *h, size_t bytes, int depth);
+
+/* The storage part of hw_profile_measure (hw_profile_io.c): fills o_direct,
+ * iops and seq_mbs, calling step(ctx, name) before each of its
+ * HW_IO_POINTS points. 0, or -1 with err set. */
+#define HW_IO_POINTS (1 + HW_IO_SIZES * HW_IO_DEPTHS + 1) /* scratch file or probe, the grid, sequential */
+#define MEMORY_KERNEL_POINTS 5 /* bandwidth on one thread and on all, three kernels */
+#define BUS_POINTS 1
+typedef void (*hw_step_fn)(void *ctx, const char *step);
+int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_per_point, hw_step_fn step,
+                          void *step_ctx, char *err, size_t errlen);
+/* The bus part (hw_profile_bus.c): fills bus_rtt_us. 0, or -1 with err set. */
+int hw_profile_measure_bus(hw_profile *h, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,140 @@
+/* Budget to layout (layout.h). */
+#include "layout.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan/bundle.h"
+
+static uint64_t kv_bytes(const model *m, int ctx) {
+    return (uint64_t)m->n_layer * (uint64_t)ctx * (uint64_t)(m->n_head_kv * m->head_dim) * 2 /* K, V */ * 2 /* F16 */;
+}
+
+/* the prompt pass's buffers (engine/prompt.c) for PREFILL_TOKENS tokens, and its per-thread attention scratch */
+static uint64_t prefill_bytes(const model *m, int ctx, int threads) {
+    const uint64_t ne = (uint64_t)m->n_embd, nf = (uint64_t)m->n_ff, kv = (uint64_t)(m->n_head_kv * m->head_dim);
+    const uint64_t wide = nf > ne ? nf : ne;
+    const uint64_t per_token = 4 * (5 * ne + 2 * kv + 3 * nf) /* F32 rows */ + 2 * (ne + wide) /* F16 */ +
+                               (wide / 32 + 1) * 34 /* Q8_0 */ + wide + wide / 8 /* packed for the product */;
+    return PREFILL_TOKENS * per_token + (uint64_t)threads * (uint64_t)m->n_head * (uint64_t)ctx * 6;
+}
+
+void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
+    const model *m = in->m;
+    memset(f, 0, sizeof *f);
+    const uint64_t norms = (uint64_t)m->n_embd * sizeof(float);
+    uint64_t attention = 0, predictor = 0, gates = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        attention += weight_bytes(&w->wq) + weight_bytes(&w->wk) + weight_bytes(&w->wv) + weight_bytes(&w->wo) + 2 * norms;
+        predictor += weight_bytes(&w->fc1) + weight_bytes(&w->fc2);
+        gates += weight_bytes(&w->gate);
+    }
+    /* the token embedding is read a row at a time, unless the output shares it */
+    const uint64_t output = weight_bytes(m->tied_output ? &m->tok_embd : &m->output) + norms;
+    const uint64_t row = m->tok_embd.row_bytes;
+    f->gate_row = m->layers[0].gate.row_bytes;
+    f->up_row = m->layers[0].up.row_bytes;
+    f->down_row = ggml_row_bytes(bundle_down_type(m), (uint64_t)m->n_embd);
+    f->neuron_bytes = f->gate_row + f->up_row + f->down_row;
+    const bool predicts = in->mode == FFN_PREDICTOR;
+    f->preload = attention + output + row + (predicts ? predictor : gates) + kv_bytes(m, in->ctx);
+    f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0));
+    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prefill_bytes(m, in->ctx, in->threads);
+    /* in gate-first the gate rows are preloaded, so a layer streams its up and down rows */
+    const size_t streamed = predicts ? f->neuron_bytes : f->up_row + f->down_row;
+    f->staging = 2 * (uint64_t)m->n_ff * streamed;
+}
+
+uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
+    const uint64_t bytes = (uint64_t)per_bundle * f->neuron_bytes;
+    return (bytes + BUNDLE_ALIGN - 1) / BUNDLE_ALIGN * BUNDLE_ALIGN;
+}
+
+static int by_desc(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* the hot bundles: the `total` most needed across layers (each layer's list is descending, so per layer a
+ * prefix); equal bundles are the same size, so this maximizes the expected hits exactly */
+static void allocate_hot(const bundle_order *o, int n_layer, long total, long *hot) {
+    const long n = o->n_bundles, all = (long)n_layer * n;
+    if (total >= all) {
+        for (int l = 0; l < n_layer; l++) hot[l] = n;
+        return;
+    }
+    memset(hot, 0, sizeof(long) * (size_t)n_layer);
+    if (total <= 0) return;
+    double *sorted = malloc(sizeof(double) * (size_t)all);
+    if (!sorted) return; /* no pinned set: a valid, slower layout */
+    memcpy(sorted, o->p_bundle, sizeof(double) * (size_t)all);
+    qsort(sorted, (size_t)all, sizeof *sorted, by_desc);
+    const double threshold = sorted[total - 1];
+    free(sorted);
+    long taken = 0;
+    for (int l = 0; l < n_layer; l++) {
+        const double *p = o->p_bundle + (size_t)l * n;
+        while (hot[l] < n && p[hot[l]] > threshold) hot[l]++;
+        taken += hot[l];
+    }
+    for (int l = 0; l < n_layer && taken < total; l++) { /* ties, layer by layer */
+        const double *p = o->p_bundle + (size_t)l * n;
+        while (hot[l] < n && taken < total && p[hot[l]] >= threshold) hot[l]++, taken++;
+    }
+}
+
+/* the smallest depth within 10 % of the best IOPS at this read size */
+static int queue_depth_for(const hw_profile *hw, uint64_t stride) {
+    double best = 0;
+    for (int d = 0; d < HW_IO_DEPTHS; d++) best = fmax(best, hw_io_iops(hw, stride, hw_io_depth[d]));
+    for (int d = 0; d < HW_IO_DEPTHS; d++)
+        if (hw_io_iops(hw, stride, hw_io_depth[d]) >= 0.9 * best) return hw_io_depth[d];
+    return hw_io_depth[HW_IO_DEPTHS - 1];
+}
+
+int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_order *order, uint64_t budget,
+                layout *lay) {
+    const int n_layer = in->m->n_layer;
+    memset(lay, 0, sizeof *lay);
+    lay->order = order;
+    lay->budget = budget;
+    lay->stride = layout_stride(f, order->per_bundle);
+    lay->queue_depth = queue_depth_for(in->hw, lay->stride);
+    lay->hot_bundles = calloc((size_t)n_layer, sizeof(long));
+    /* a minimal cold cache: one layer's needed bundles twice over (in flight, and being computed) */
+    double most = 0;
+    for (int l = 0; l < n_layer; l++) {
+        double need = 0;
+        for (long b = 0; b < order->n_bundles; b++) need += order->p_bundle[(size_t)l * order->n_bundles + b];
+        most = fmax(most, need);
+    }
+    const long min_cold = 2 * (long)ceil(most) + 1;
+    const uint64_t fixed = f->preload + f->process;
+    const uint64_t all_ffn = (uint64_t)n_layer * (uint64_t)order->n_bundles * lay->stride;
+    lay->floor = fixed + f->staging + (uint64_t)min_cold * lay->stride;
+    if (!lay->hot_bundles) return -1;
+    if (budget >= fixed + all_ffn) {
+        lay->all_resident = true;
+        allocate_hot(order, n_layer, (long)n_layer * order->n_bundles, lay->hot_bundles);
+    } else {
+        if (budget < lay->floor) return -1;
+        const long slots = (long)((budget - fixed - f->staging) / lay->stride);
+        long cold = (long)(COLD_SHARE * (double)slots);
+        if (cold < min_cold) cold = min_cold;
+        lay->cold_slots = cold;
+        allocate_hot(order, n_layer, slots - cold, lay->hot_bundles);
+    }
+    const cost_inputs ci = {n_layer,        in->m->n_ff,      in->mode,       f->dense_bytes,
+                            f->gate_row,    f->up_row,        f->down_row,    order->active,
+                            order->n_bundles, (size_t)lay->stride, order->p_bundle};
+    const cost_layout cl = {lay->hot_bundles, lay->cold_slots, lay->queue_depth, in->threads};
+    cost_predict(&ci, in->hw, &cl, &lay->pred);
+    return 0;
+}
+
+void layout_free(layout *lay) {
+    free(lay->hot_bundles);
+    lay->hot_bundles = NULL;
+}

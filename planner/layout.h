@@ -1,0 +1,65 @@
+/* From a memory budget to a layout: what is preloaded, what the processes
+ * and the prefill's staging take, and how the rest is split between pinned
+ * hot bundles and the cold cache's slots (docs/planner.md). */
+#ifndef PI2_PLANNER_LAYOUT_H
+#define PI2_PLANNER_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/ffn_mode.h"
+#include "engine/model.h"
+#include "bundle_order.h"
+#include "cost_model.h"
+
+/* The processes' own memory, each: anonymous RSS 0.6-4.9 MiB and 5.6-11
+ * MiB of mapped files (libraries, mostly shared), measured on a running
+ * stack (docs/planner.md); plus the npu-worker's prompt buffers, which grow
+ * with the model and the stack's max-prefill (PREFILL_TOKENS). */
+#define PROCESS_BYTES_EACH (8ull << 20)
+#define PREFILL_TOKENS 512
+/* The share of the cache that is cold slots (LRU) rather than pinned hot bundles. */
+#define COLD_SHARE 0.10
+
+typedef struct {
+    const model *m;
+    ffn_mode mode;
+    int ctx;
+    int n_processes;   /* in the stack */
+    int threads;       /* decode compute threads in all */
+    const hw_profile *hw;
+} layout_inputs;
+
+/* What does not depend on the budget. */
+typedef struct {
+    uint64_t preload;       /* attention, norms, output, predictors (gate rows in gate-first), KV at ctx */
+    uint64_t process;
+    uint64_t staging;       /* two layers' FFN rows, for the prefill's streaming */
+    uint64_t ffn_all;       /* every bundle of every layer (at the stride of the order in question) */
+    double dense_bytes;     /* weights read densely per token */
+    size_t gate_row, up_row, down_row, neuron_bytes;
+} layout_fixed;
+
+typedef struct {
+    const bundle_order *order;
+    uint64_t stride;
+    uint64_t floor;         /* the least budget for this order */
+    uint64_t budget;
+    bool all_resident;      /* every bundle fits: no cold cache, no staging */
+    long *hot_bundles;      /* [n_layer] */
+    long cold_slots;
+    int queue_depth;
+    cost_prediction pred;
+} layout;
+
+void layout_fixed_of(const layout_inputs *in, layout_fixed *f);
+uint64_t layout_stride(const layout_fixed *f, int per_bundle);
+
+/* The layout of `order` under budget (hot_bundles allocated, n_layer longs).
+ * Returns 0, or -1 when the budget is under this order's floor (lay->floor
+ * says what it is). */
+int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_order *order, uint64_t budget,
+                layout *lay);
+void layout_free(layout *lay);
+
+#endif

@@ -1,0 +1,468 @@
+/* pi2 plan's steps (plan_build.h). */
+#include "plan_build.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "calib/model_profile.h"
+#include "engine/predictor.h" /* model_fingerprint */
+#include "plan/bundle.h"
+#include "plan/plan_file.h"
+#include "bundle_order.h"
+#include "hw_profile.h"
+#include "layout.h"
+#include "plan_report.h"
+#include "progress.h"
+#include "stack_conf.h"
+#include "util/log.h"
+
+static const int per_bundle_choice[] = {1, 2, 4};
+#define N_CHOICES ((int)(sizeof per_bundle_choice / sizeof *per_bundle_choice))
+#define CURVE_POINTS 12
+#define GEN_PER_PROMPT 8 /* longer greedy runs loop on synthetic models and skew the counts */
+#define MAX_PROMPT_LINE (64 << 10)
+
+typedef struct {
+    const plan_options *o;
+    model m;
+    bool model_loaded;
+    stack_conf conf;
+    hw_profile hw;
+    char hw_path[1024];
+    model_profile prof;
+    char **extra_prompts;
+    int n_extra;
+    layout_inputs in;
+    layout_fixed fixed;
+    bundle_order orders[N_CHOICES];
+} planning;
+
+static int mkdirs(const char *dir) {
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return -1;
+    for (char *s = buf + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void out_path(const planning *pl, const char *name, char *buf, size_t len) {
+    snprintf(buf, len, "%s/%s", pl->o->out_dir, name);
+}
+
+/* ---- profiles ---- */
+
+static void hw_progress(void *ctx, const char *step, double done) {
+    progress *p = ctx;
+    p->step = step;
+    progress_show(p, done);
+}
+
+static int hardware_profile(planning *pl) {
+    char err[512];
+    if (hw_profile_cache_path(&pl->m, pl->o->model_path, pl->hw_path, sizeof pl->hw_path, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    if (!pl->o->reprofile && hw_profile_load(&pl->hw, pl->hw_path, err, sizeof err) == 0) {
+        log_info("hardware profile: %s (measured in %.0f s; --reprofile measures again)", pl->hw_path, pl->hw.seconds);
+        return 0;
+    }
+    progress p;
+    progress_begin(&p, "hardware profile");
+    const hw_profile_opts ho = {pl->o->model_path, pl->o->hw_point_seconds, hw_progress, &p};
+    if (hw_profile_measure(&pl->hw, &pl->m, &ho, err, sizeof err)) {
+        log_error("hardware profile: %s", err);
+        return -1;
+    }
+    p.step = "hardware profile";
+    progress_end(&p);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", pl->hw_path);
+    if (mkdirs(dirname(dir)) || hw_profile_save(&pl->hw, pl->hw_path, err, sizeof err))
+        log_warn("hardware profile not cached (%s): %s", pl->hw_path, errno ? strerror(errno) : err);
+    return 0;
+}
+
+static int read_prompts(planning *pl) {
+    const char *path = pl->o->prompts_path;
+    if (!path) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        log_error("-f %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char *line = malloc(MAX_PROMPT_LINE);
+    int no = 0, rc = 0;
+    while (line && fgets(line, MAX_PROMPT_LINE, f)) {
+        no++;
+        const size_t len = strcspn(line, "\r\n");
+        if (line[len] == '\0' && !feof(f)) {
+            log_error("-f %s:%d: a prompt line longer than %d bytes", path, no, MAX_PROMPT_LINE);
+            rc = -1;
+            break;
+        }
+        line[len] = '\0';
+        if (!len) continue;
+        char **grown = realloc(pl->extra_prompts, sizeof(char *) * (size_t)(pl->n_extra + 1));
+        if (!grown || !(grown[pl->n_extra] = strdup(line))) {
+            if (grown) pl->extra_prompts = grown;
+            rc = -1;
+            break;
+        }
+        pl->extra_prompts = grown;
+        pl->n_extra++;
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && pl->n_extra == 0) log_warn("-f %s: no prompts in it", path);
+    return rc;
+}
+
+static void profile_progress(void *ctx, int done, int total) { progress_show(ctx, (double)done / total); }
+
+static int model_profile_step(planning *pl) {
+    const int n = model_profile_n_builtin + pl->n_extra;
+    const char **prompts = malloc(sizeof(char *) * (size_t)n);
+    if (!prompts) return -1;
+    for (int i = 0; i < model_profile_n_builtin; i++) prompts[i] = model_profile_builtin_prompts[i];
+    for (int i = 0; i < pl->n_extra; i++) prompts[model_profile_n_builtin + i] = pl->extra_prompts[i];
+    char path[1024], err[512];
+    out_path(pl, "model-profile.gguf", path, sizeof path);
+    const model_profile_opts mo = {.prompts = prompts,
+                                   .n_prompts = n,
+                                   .n_tokens = pl->o->tokens,
+                                   .gen_per_prompt = GEN_PER_PROMPT,
+                                   .mode = pl->in.mode,
+                                   .threads = pl->o->threads,
+                                   .model_name = pl->o->model_path,
+                                   .progress = profile_progress};
+    if (model_profile_load(&pl->prof, path, &pl->m, pl->o->model_path, err, sizeof err) == 0) {
+        if (pl->prof.run_hash == model_profile_run_hash(&mo)) {
+            log_info("model profile: %s (%d tokens)", path, pl->prof.n_tokens);
+            free(prompts);
+            return 0;
+        }
+        model_profile_free(&pl->prof);
+    }
+    progress p;
+    progress_begin(&p, "model profile");
+    model_profile_opts run = mo;
+    run.progress_ctx = &p;
+    const int rc = model_profile_run(&pl->prof, &pl->m, &run, err, sizeof err);
+    free(prompts);
+    if (rc) {
+        log_error("model profile: %s", err);
+        return -1;
+    }
+    progress_end(&p);
+    if (model_profile_save(&pl->prof, &pl->m, pl->o->model_path, path, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- layouts ---- */
+
+/* the layout of the order that predicts the most tok/s under budget; -1 if none fits */
+static int best_layout(planning *pl, uint64_t budget, layout *best) {
+    int found = -1;
+    for (int c = 0; c < N_CHOICES; c++) {
+        layout lay;
+        if (layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &lay)) {
+            layout_free(&lay);
+            continue;
+        }
+        if (found < 0 || lay.pred.tok_s > best->pred.tok_s * 1.0001) {
+            if (found >= 0) layout_free(best);
+            *best = lay;
+            found = c;
+        } else {
+            layout_free(&lay);
+        }
+    }
+    return found < 0 ? -1 : 0;
+}
+
+static uint64_t floor_of(planning *pl) {
+    uint64_t least = UINT64_MAX;
+    for (int c = 0; c < N_CHOICES; c++) {
+        layout lay;
+        layout_make(&pl->in, &pl->fixed, &pl->orders[c], 0, &lay);
+        if (lay.floor < least) least = lay.floor;
+        layout_free(&lay);
+    }
+    return least;
+}
+
+/* the least budget that keeps every bundle resident, over the bundle sizes */
+static uint64_t all_resident_budget(const planning *pl) {
+    uint64_t least = UINT64_MAX;
+    for (int c = 0; c < N_CHOICES; c++) {
+        const uint64_t ffn = (uint64_t)pl->m.n_layer * (uint64_t)pl->orders[c].n_bundles *
+                             layout_stride(&pl->fixed, pl->orders[c].per_bundle);
+        if (ffn < least) least = ffn;
+    }
+    return pl->fixed.preload + pl->fixed.process + least;
+}
+
+/* the smallest budget (to a MiB) predicted to reach the target */
+static int budget_for_target(planning *pl, double target, uint64_t *budget) {
+    uint64_t lo = floor_of(pl), hi = all_resident_budget(pl);
+    layout top;
+    if (best_layout(pl, hi, &top)) return -1;
+    const double most = top.pred.tok_s;
+    layout_free(&top);
+    if (most < target) {
+        log_error("--target-speed %.2f: even with the whole model in memory (%.0f MiB) this machine is predicted "
+                  "to decode %.2f tok/s",
+                  target, hi / 1048576.0, most);
+        return -1;
+    }
+    /* in whole MiB: lo does not reach the target (or is under the floor), hi does */
+    uint64_t lo_mib = lo >> 20, hi_mib = (hi + (1u << 20) - 1) >> 20;
+    while (hi_mib - lo_mib > 1) {
+        const uint64_t mid = lo_mib + (hi_mib - lo_mib) / 2;
+        layout lay;
+        const bool fits = best_layout(pl, mid << 20, &lay) == 0, reaches = fits && lay.pred.tok_s >= target;
+        if (fits) layout_free(&lay);
+        if (reaches) hi_mib = mid;
+        else lo_mib = mid;
+    }
+    *budget = hi_mib << 20;
+    return 0;
+}
+
+/* neurons a worker computes as one unit: about one read's latency of work, so each arriving read
+ * computes while the next lands */
+static uint32_t cluster_neurons(const planning *pl, const layout *lay, int threads) {
+    const double read_s = 1 / hw_io_iops(&pl->hw, lay->stride, 1);
+    const double neuron_s = 2 / pl->hw.sparse_rows_s + 1 / pl->hw.axpy_rows_s;
+    const int k = lay->order->per_bundle;
+    long n = (long)(read_s / neuron_s * threads) / k * k;
+    if (n < k) n = k;
+    if (n > pl->m.n_ff) n = pl->m.n_ff;
+    return (uint32_t)n;
+}
+
+/* the predictions with everything resident: in the plan's mode, and dense */
+static void in_memory_speeds(planning *pl, double *resident, double *dense) {
+    layout all;
+    *resident = best_layout(pl, all_resident_budget(pl), &all) == 0 ? all.pred.tok_s : 0;
+    if (*resident > 0) layout_free(&all);
+    layout_inputs din = pl->in;
+    din.mode = FFN_DENSE;
+    layout_fixed dfix;
+    layout_fixed_of(&din, &dfix);
+    const bundle_order *o = &pl->orders[0];
+    const cost_inputs ci = {pl->m.n_layer, pl->m.n_ff, FFN_DENSE, dfix.dense_bytes, dfix.gate_row, dfix.up_row,
+                            dfix.down_row, o->active, o->n_bundles, (size_t)layout_stride(&dfix, 1), o->p_bundle};
+    const cost_layout cl = {NULL, 0, 1, pl->in.threads};
+    cost_prediction pred;
+    cost_predict(&ci, &pl->hw, &cl, &pred);
+    *dense = pred.tok_s;
+}
+
+/* ---- output ---- */
+
+static void bundle_progress(void *ctx, int done, int n_layer) { progress_show(ctx, (double)done / n_layer); }
+
+static int write_bundles(planning *pl, const layout *lay, const char *path) {
+    char err[512];
+    const bundle_order *o = lay->order;
+    bundle_file b;
+    if (bundle_open(&b, path, &pl->m, pl->o->model_path, err, sizeof err) == 0) {
+        const bool same = b.per_bundle == o->per_bundle &&
+                          memcmp(b.order, o->order, sizeof(int32_t) * (size_t)pl->m.n_layer * (size_t)pl->m.n_ff) == 0;
+        bundle_close(&b);
+        if (same) {
+            log_info("bundle file: %s (unchanged)", path);
+            return 0;
+        }
+    }
+    progress p;
+    progress_begin(&p, "bundle file");
+    if (bundle_write(&pl->m, pl->o->model_path, o->order, o->per_bundle, path, bundle_progress, &p, err,
+                     sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    progress_end(&p);
+    return 0;
+}
+
+static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
+    const plan_options *o = pl->o;
+    char plan_path[1024], svg_path[1024], err[512], name[1024];
+    out_path(pl, "plan.pb", plan_path, sizeof plan_path);
+    out_path(pl, "curve.svg", svg_path, sizeof svg_path);
+    snprintf(name, sizeof name, "%s", o->model_path);
+
+    Pi2__Plan plan = PI2__PLAN__INIT;
+    Pi2__PlanPrediction pred = PI2__PLAN_PREDICTION__INIT;
+    const int n_layer = pl->m.n_layer;
+    uint32_t *hot = malloc(sizeof(uint32_t) * (size_t)n_layer);
+    uint32_t *clusters = malloc(sizeof(uint32_t) * (size_t)pl->conf.cpu_workers);
+    Pi2__PlanCurvePoint points[CURVE_POINTS + 2], *curve[CURVE_POINTS + 2];
+    if (!hot || !clusters) {
+        free(hot), free(clusters);
+        return -1;
+    }
+    uint64_t hot_total = 0;
+    for (int l = 0; l < n_layer; l++) hot[l] = (uint32_t)lay->hot_bundles[l], hot_total += hot[l];
+    const int threads_per_worker = pl->conf.threads / pl->conf.cpu_workers;
+    for (int w = 0; w < pl->conf.cpu_workers; w++) clusters[w] = cluster_neurons(pl, lay, threads_per_worker);
+
+    plan.version = PLAN_VERSION;
+    plan.model_name = basename(name);
+    plan.model_size = pl->m.gguf.size;
+    plan.model_fingerprint = model_fingerprint(&pl->m);
+    plan.n_layer = (uint32_t)n_layer;
+    plan.n_ff = (uint32_t)pl->m.n_ff;
+    plan.n_embd = (uint32_t)pl->m.n_embd;
+    plan.mode = pl->in.mode == FFN_PREDICTOR ? PI2__PLAN_MODE__PLAN_MODE_PREDICTOR : PI2__PLAN_MODE__PLAN_MODE_GATE_FIRST;
+    plan.ctx = (uint32_t)o->ctx;
+    plan.budget_bytes = lay->budget;
+    plan.floor_bytes = floor < lay->budget ? floor : lay->budget;
+    plan.preload_bytes = pl->fixed.preload;
+    plan.process_bytes = pl->fixed.process;
+    plan.staging_bytes = lay->all_resident ? 0 : pl->fixed.staging;
+    plan.hot_bytes = hot_total * lay->stride;
+    plan.cold_bytes = (uint64_t)lay->cold_slots * lay->stride;
+    plan.n_hot_bundles = (size_t)n_layer;
+    plan.hot_bundles = hot;
+    plan.cold_slots = (uint32_t)lay->cold_slots;
+    plan.bundle_file = "bundles.gguf";
+    plan.per_bundle = (uint32_t)lay->order->per_bundle;
+    plan.bundle_stride = lay->stride;
+    plan.queue_depth = (uint32_t)lay->queue_depth;
+    plan.cpu_workers = (uint32_t)pl->conf.cpu_workers;
+    plan.threads_per_worker = (uint32_t)(threads_per_worker > 0 ? threads_per_worker : 1);
+    plan.n_cluster_neurons = (size_t)pl->conf.cpu_workers;
+    plan.cluster_neurons = clusters;
+    plan.placement = pl->conf.placement;
+    pred.tok_s = lay->pred.tok_s;
+    pred.hit_rate = lay->pred.hit_rate;
+    pred.misses_per_token = lay->pred.misses_per_token;
+    pred.compute_ms = lay->pred.compute_ms;
+    pred.io_ms = lay->pred.io_ms;
+    pred.exposed_io_ms = lay->pred.exposed_io_ms;
+    plan.prediction = &pred;
+    plan.target_tok_s = o->target;
+    in_memory_speeds(pl, &plan.resident_tok_s, &plan.dense_tok_s);
+    plan.hw_profile = pl->hw_path;
+    plan.model_profile = "model-profile.gguf";
+
+    /* the curve: from the floor to everything resident, with the plan's budget among the points */
+    const uint64_t lo = floor, hi = all_resident_budget(pl) > lo ? all_resident_budget(pl) : lo + 1;
+    uint64_t budgets[CURVE_POINTS + 2];
+    int nb = 0;
+    for (int i = 0; i < CURVE_POINTS; i++) {
+        const uint64_t b = lo + (hi - lo) * (uint64_t)i / (CURVE_POINTS - 1);
+        if (nb && budgets[nb - 1] < lay->budget && b > lay->budget) budgets[nb++] = lay->budget;
+        if (!nb || b > budgets[nb - 1]) budgets[nb++] = b;
+    }
+    if (budgets[nb - 1] < lay->budget) budgets[nb++] = lay->budget;
+    size_t n = 0;
+    for (int i = 0; i < nb; i++) {
+        layout at;
+        if (best_layout(pl, budgets[i], &at)) continue;
+        points[n] = (Pi2__PlanCurvePoint)PI2__PLAN_CURVE_POINT__INIT;
+        points[n].budget_bytes = budgets[i], points[n].tok_s = at.pred.tok_s, points[n].hit_rate = at.pred.hit_rate;
+        curve[n] = &points[n];
+        n++;
+        layout_free(&at);
+    }
+    plan.n_curve = n;
+    plan.curve = curve;
+
+    int rc = plan_save(&plan, plan_path, err, sizeof err);
+    if (rc) log_error("%s", err);
+    if (!rc && plan_write_svg(&plan, svg_path, err, sizeof err)) log_warn("%s", err);
+    if (!rc) {
+        plan_print(stdout, &plan);
+        printf("\npredicted speed by memory budget (also %s):\n", svg_path);
+        plan_print_curve(stdout, &plan);
+        printf("\nwrote %s\n", plan_path);
+    }
+    free(hot), free(clusters);
+    return rc;
+}
+
+/* ---- the steps ---- */
+
+static int plan_steps(planning *pl) {
+    const plan_options *o = pl->o;
+    char err[512];
+    if (model_load(&pl->m, o->model_path, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    pl->model_loaded = true;
+    if (stack_conf_read(o->conf_path, &pl->conf, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    if (mkdirs(o->out_dir)) {
+        log_error("-o %s: %s", o->out_dir, strerror(errno));
+        return -1;
+    }
+    const bool has_predictor = pl->m.layers[0].fc1.data != NULL;
+    ffn_mode mode = o->mode_given ? o->mode : has_predictor ? FFN_PREDICTOR : FFN_GATE_FIRST;
+    pl->in = (layout_inputs){&pl->m, mode, o->ctx, pl->conf.n_processes, pl->conf.threads, &pl->hw};
+    layout_fixed_of(&pl->in, &pl->fixed);
+    if (read_prompts(pl) || hardware_profile(pl) || model_profile_step(pl)) return -1;
+    for (int c = 0; c < N_CHOICES; c++)
+        if (bundle_order_make(&pl->orders[c], &pl->prof, per_bundle_choice[c])) {
+            log_error("out of memory ordering bundles");
+            return -1;
+        }
+
+    uint64_t budget = o->budget;
+    if (o->target > 0) {
+        uint64_t needed;
+        if (budget_for_target(pl, o->target, &needed)) return -1;
+        if (budget && needed > budget) {
+            log_error("--target-speed %.2f needs a budget of %.0f MiB, more than --mem-budget %.0f MiB", o->target,
+                      needed / 1048576.0, budget / 1048576.0);
+            return -1;
+        }
+        log_info("--target-speed %.2f tok/s: a budget of %.0f MiB is predicted to reach it", o->target,
+                 needed / 1048576.0);
+        budget = needed;
+    }
+    const uint64_t floor = floor_of(pl);
+    layout lay;
+    if (best_layout(pl, budget, &lay)) {
+        log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging %.0f, "
+                  "a minimal cache); %.2f GB was given",
+                  floor / 1e9, floor / 1048576.0, pl->fixed.preload / 1048576.0, pl->fixed.process / 1048576.0,
+                  pl->fixed.staging / 1048576.0, budget / 1e9);
+        return -1;
+    }
+    char bundle_path[1024];
+    out_path(pl, "bundles.gguf", bundle_path, sizeof bundle_path);
+    const int rc = write_bundles(pl, &lay, bundle_path) || write_plan(pl, &lay, floor) ? -1 : 0;
+    layout_free(&lay);
+    return rc;
+}
+
+int plan_run(const plan_options *o) {
+    planning pl = {.o = o};
+    const int rc = plan_steps(&pl);
+    for (int c = 0; c < N_CHOICES; c++) bundle_order_free(&pl.orders[c]);
+    if (pl.prof.counts) model_profile_free(&pl.prof);
+    for (int i = 0; i < pl.n_extra; i++) free(pl.extra_prompts[i]);
+    free(pl.extra_prompts);
+    if (pl.model_loaded) model_free(&pl.m);
+    return rc;
+}

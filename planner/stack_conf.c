@@ -1,0 +1,54 @@
+/* Stack configs for the planner (stack_conf.h). */
+#include "stack_conf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+
+static void add_placement(stack_conf *c, const char *line) {
+    const size_t used = strlen(c->placement);
+    snprintf(c->placement + used, sizeof c->placement - used, "%s%s", used ? "\n" : "", line);
+}
+
+int stack_conf_read(const char *path, stack_conf *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    if (!path) {
+        c->n_processes = 6, c->cpu_workers = 2, c->threads = 2;
+        add_placement(c, "npu-worker cpus=0-1 threads=2");
+        add_placement(c, "cpu-worker cpus=0 threads=1");
+        add_placement(c, "cpu-worker cpus=1 threads=1");
+        return 0;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        err_set(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[512];
+    int no = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        no++;
+        line[strcspn(line, "\r\n")] = '\0';
+        char name[64];
+        if (sscanf(line, " %63s", name) != 1 || name[0] == '#') continue;
+        int threads = 1;
+        const char *t = strstr(line, "threads=");
+        if (t && (sscanf(t, "threads=%d", &threads) != 1 || threads < 1 || threads > 1024)) {
+            err_set(err, errlen, "%s:%d: threads= is not a number in 1..1024", path, no);
+            rc = -1;
+            break;
+        }
+        c->n_processes++;
+        if (strcmp(name, "cpu-worker") == 0) c->cpu_workers++, c->threads += threads;
+        if (strcmp(name, "cpu-worker") == 0 || strcmp(name, "npu-worker") == 0) add_placement(c, line);
+    }
+    fclose(f);
+    if (rc == 0 && c->cpu_workers == 0) {
+        err_set(err, errlen, "%s: no cpu-worker line: the stack would have nothing to decode with", path);
+        rc = -1;
+    }
+    return rc;
+}
