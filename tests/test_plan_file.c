@@ -3,7 +3,8 @@
  * and the field: a truncated or corrupted file, an empty one, a directory,
  * another version, each field out of range, parts that exceed the budget,
  * counts that disagree, paths that leave the plan's directory, and a plan
- * made for another model file; any single corrupted byte. */
+ * made for another model file; any single corrupted byte; a bundle file
+ * that is not the plan's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,13 +233,32 @@ static void test_other_model(void) {
     f.plan.n_hot_bundles = (size_t)m.n_layer, f.plan.hot_bundles = hot, f.plan.hot_bytes = 0;
     f.plan.model_size = m.gguf.size;
     f.plan.model_fingerprint = model_fingerprint(&m);
+    f.plan.per_bundle = PER_BUNDLE;
     char path[256];
     path_of(path, sizeof path, "for-tiny.pb");
     CHECK(m.n_layer <= 64 && plan_save(&f.plan, path, err, sizeof err) == 0, "plan_save: %s", err);
     Pi2__Plan *p = plan_load(path, &m, model_path, err, sizeof err);
     CHECK(p != NULL, "the plan for this model refused: %s", err);
     plan_free(p);
+    /* the bundle file the plan names: its own, then one of another shape */
+    char bpath[256];
+    path_of(bpath, sizeof bpath, "bundles.gguf");
+    bundle_file b;
+    CHECK(bundle_write(&m, model_path, NULL, PER_BUNDLE, bpath, NULL, NULL, err, sizeof err) == 0 &&
+              bundle_open(&b, bpath, &m, model_path, err, sizeof err) == 0,
+          "bundle file: %s", err);
+    f.plan.bundle_stride = b.stride;
+    f.plan.cold_bytes = f.plan.cold_slots * (uint64_t)b.stride;
+    f.plan.budget_bytes += f.plan.cold_bytes; /* the parts still fit */
+    CHECK(plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err) == 0, "the plan's own bundle file: %s", err);
+    f.plan.per_bundle = PER_BUNDLE + 1;
+    CHECK(plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err) != 0 && strstr(err, path) && strstr(err, bpath),
+          "a bundle file of another granularity: %s", err);
+    f.plan.per_bundle = PER_BUNDLE;
     f.plan.model_fingerprint ^= 1;
+    CHECK(plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err) != 0 && strstr(err, "does not match"),
+          "a bundle file of another model: %s", err);
+    bundle_close(&b);
     plan_save(&f.plan, path, err, sizeof err);
     p = plan_load(path, &m, model_path, err, sizeof err);
     CHECK(p == NULL && strstr(err, path) && strstr(err, model_path) && strstr(err, "another model"),

@@ -153,6 +153,23 @@ static int check_model(const Pi2__Plan *p, const char *path, const model *m, con
     return 0;
 }
 
+int plan_check_bundle(const Pi2__Plan *p, const char *plan_path, const bundle_file *b, const char *bundle_path,
+                      char *err, size_t errlen) {
+    if (b->source_size != p->model_size || b->source_fingerprint != p->model_fingerprint ||
+        b->n_layer != (int)p->n_layer || b->n_ff != (int)p->n_ff || b->n_embd != (int)p->n_embd ||
+        b->per_bundle != (int)p->per_bundle || b->stride != p->bundle_stride) {
+        err_set(err, errlen,
+                "%s does not match the plan %s: bundles of %d neurons, %zu bytes, for a model of size %llu "
+                "(fingerprint %016llx); the plan has %u neurons, %llu bytes, size %llu (fingerprint %016llx): make "
+                "the plan and the bundle file again with pi2 plan",
+                bundle_path, plan_path, b->per_bundle, b->stride, (unsigned long long)b->source_size,
+                (unsigned long long)b->source_fingerprint, p->per_bundle, (unsigned long long)p->bundle_stride,
+                (unsigned long long)p->model_size, (unsigned long long)p->model_fingerprint);
+        return -1;
+    }
+    return 0;
+}
+
 Pi2__Plan *plan_load(const char *path, const model *m, const char *model_path, char *err, size_t errlen) {
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

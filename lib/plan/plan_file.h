@@ -13,6 +13,7 @@
 
 #include "engine/model.h"
 #include "plan.pb-c.h"
+#include "plan/bundle.h"
 
 #define PLAN_VERSION 1
 #define PLAN_MAGIC "PI2PLAN1"
@@ -29,6 +30,12 @@ int plan_validate(const Pi2__Plan *p, const char *path, char *err, size_t errlen
 
 /* Validates p, then writes it through path.tmp, renamed at the end. 0, or -1 with err set. */
 int plan_save(const Pi2__Plan *p, const char *path, char *err, size_t errlen);
+
+/* The bundle file the plan names is the one it was made with: the same
+ * model file (size, fingerprint), shape, neurons per bundle and stride. The
+ * error names both files. 0, or -1 with err set. */
+int plan_check_bundle(const Pi2__Plan *p, const char *plan_path, const bundle_file *b, const char *bundle_path,
+                      char *err, size_t errlen);
 
 /* Bundles of a layer of n_ff neurons at per_bundle neurons each. */
 static inline long plan_bundles_per_layer(long n_ff, long per_bundle) { return (n_ff + per_bundle - 1) / per_bundle; }
