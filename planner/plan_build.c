@@ -449,6 +449,14 @@ static int plan_steps(planning *pl) {
                   pl->fixed.staging / 1048576.0, budget / 1e9);
         return -1;
     }
+    for (int c = 0; c < N_CHOICES; c++) { /* what decided the bundle size */
+        layout alt;
+        if (layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &alt) == 0)
+            log_info("bundles of %d neuron%s (%llu bytes): predicted %.2f tok/s, hit rate %.1f %%%s",
+                     pl->orders[c].per_bundle, pl->orders[c].per_bundle > 1 ? "s" : "", (unsigned long long)alt.stride,
+                     alt.pred.tok_s, 100 * alt.pred.hit_rate, alt.order == lay.order ? " (chosen)" : "");
+        layout_free(&alt);
+    }
     char bundle_path[1024];
     out_path(pl, "bundles.gguf", bundle_path, sizeof bundle_path);
     const int rc = write_bundles(pl, &lay, bundle_path) || write_plan(pl, &lay, floor) ? -1 : 0;
