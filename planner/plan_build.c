@@ -398,6 +398,18 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     return rc;
 }
 
+static double max_active(const planning *pl) {
+    double v = 0;
+    for (int l = 0; l < pl->m.n_layer; l++) v = fmax(v, pl->orders[0].active[l]);
+    return v;
+}
+
+static double min_active(const planning *pl) {
+    double v = pl->m.n_ff;
+    for (int l = 0; l < pl->m.n_layer; l++) v = fmin(v, pl->orders[0].active[l]);
+    return v;
+}
+
 /* ---- the steps ---- */
 
 static int plan_steps(planning *pl) {
@@ -427,6 +439,12 @@ static int plan_steps(planning *pl) {
             return -1;
         }
 
+    printf("model profile: %d calibration tokens; neurons fired per token, by layer (of %d):", pl->prof.n_tokens,
+           pl->m.n_ff);
+    for (int l = 0; l < pl->m.n_layer; l++)
+        printf("%s%.0f", l % 16 ? " " : "\n  ", pl->orders[0].active[l]);
+    printf("\n  sparsity %.1f %% to %.1f %% of the neurons idle per token\n\n", 100 * (1 - max_active(pl) / pl->m.n_ff),
+           100 * (1 - min_active(pl) / pl->m.n_ff));
     uint64_t budget = o->budget;
     if (o->target > 0) {
         uint64_t needed;
