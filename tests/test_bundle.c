@@ -6,7 +6,8 @@
  *  - every bundle starts on a 4096-byte file offset, slots follow the order;
  *  - one and several neurons per bundle, a shuffled order, identity order;
  *  - refused with a clear error: another model (both files named), a
- *    truncated file, a corrupted region (bundle_verify names the layer), an
+ *    truncated file, a corrupted region (bundle_verify names the layer, and
+ *    bundle_check fails that bundle alone), a corrupted bundle checksum, an
  *    order that is not a permutation, a bad per_bundle. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,10 @@ static void check_model(const char *name, const char *flags, float down_tol) {
                   b.stride >= (size_t)per[i] * b.neuron_bytes && b.stride < (size_t)per[i] * b.neuron_bytes + BUNDLE_ALIGN,
               "%s: stride %zu for %d neurons of %zu bytes", name, b.stride, per[i], b.neuron_bytes);
         CHECK(bundle_verify(&b, err, sizeof err) == 0, "%s: bundle_verify: %s", name, err);
+        long unchecked = 0;
+        for (int l = 0; l < b.n_layer; l++)
+            for (long k = 0; k < b.n_bundles; k++) unchecked += !bundle_check(&b, l, k, b.region[l] + (size_t)k * b.stride);
+        CHECK(unchecked == 0, "%s: %ld bundles fail their own checksum", name, unchecked);
         char what[64];
         snprintf(what, sizeof what, "%s, %d per bundle", name, per[i]);
         check_contents(what, &m, &b, o, down_tol);
@@ -186,7 +191,24 @@ static void check_refusals(void) {
         CHECK(bundle_open(&b, bad, &m, a, err, sizeof err) == 0, "a corrupted region still opens (%s)", err);
         CHECK(bundle_verify(&b, err, sizeof err) != 0 && strstr(err, "layer 1"), "the corrupted layer is named (%s)",
               err);
+        /* a bundle read alone is checked alone: the corrupted one fails, its neighbours pass */
+        const bool bad3 = bundle_check(&b, 1, 3, b.region[1] + 3 * b.stride);
+        const bool ok2 = bundle_check(&b, 1, 2, b.region[1] + 2 * b.stride);
+        const bool ok_l0 = bundle_check(&b, 0, 3, b.region[0] + 3 * b.stride);
+        CHECK(!bad3 && ok2 && ok_l0, "bundle_check: the corrupted bundle %s, its neighbours %s / %s",
+              bad3 ? "passes" : "fails", ok2 ? "pass" : "fail", ok_l0 ? "pass" : "fail");
         bundle_close(&b);
+    }
+    snprintf(bad, sizeof bad, "%s.badsums", out);
+    copy_file(out, bad, file_size(out));
+    if (bundle_open(&b, out, &m, a, err, sizeof err) == 0) {
+        const gguf_tensor *t = gguf_find_tensor(&b.g, BUNDLE_SUMS_TENSOR);
+        const long at = t ? (long)((const uint8_t *)t->data - b.g.base) + 8 * 3 : -1; /* layer 0, bundle 3's sum */
+        bundle_close(&b);
+        if (at >= 0) flip_byte(bad, at);
+        CHECK(at >= 0 && bundle_open(&b, bad, &m, a, err, sizeof err) != 0 && strstr(err, "layer 0") &&
+                  strstr(err, bad),
+              "a corrupted bundle checksum is refused at open, naming the layer (%s)", err);
     }
 
     int32_t *o = shuffled(&m);

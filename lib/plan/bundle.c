@@ -135,7 +135,8 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
     }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    uint64_t *sums = calloc((size_t)L, sizeof(uint64_t)), *bundle_sums = calloc((size_t)n_bundles, sizeof(uint64_t));
+    uint64_t *sums = calloc((size_t)L, sizeof(uint64_t));
+    uint64_t *bundle_sums = calloc((size_t)L * (size_t)n_bundles, sizeof(uint64_t)); /* [L][n_bundles] */
     uint8_t *buf = aligned_alloc(BUNDLE_ALIGN, stride);
     gguf_writer *w = gguf_writer_new("GGUF", BUNDLE_ALIGN);
     FILE *fp = NULL;
@@ -165,6 +166,8 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
         const uint64_t ne[2] = {stride, (uint64_t)n_bundles};
         gguf_w_tensor(w, name, GGML_TYPE_I8, 2, ne);
     }
+    const uint64_t sums_ne[2] = {sizeof(uint64_t) * (uint64_t)n_bundles, (uint64_t)L};
+    gguf_w_tensor(w, BUNDLE_SUMS_TENSOR, GGML_TYPE_I8, 2, sums_ne);
     if (!(fp = fopen(tmp, "w+b"))) {
         err_set(err, errlen, "%s: cannot create", tmp);
         goto out;
@@ -172,12 +175,14 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
     if (gguf_w_begin(w, fp)) goto write_error;
     if (progress) progress(progress_ctx, 0, L);
     for (int l = 0; l < L; l++) {
-        if (write_layer(w, m, l, order + (size_t)l * (size_t)nf, per_bundle, stride, buf, bundle_sums, &sums[l], err,
-                        errlen))
+        if (write_layer(w, m, l, order + (size_t)l * (size_t)nf, per_bundle, stride, buf,
+                        bundle_sums + (size_t)l * (size_t)n_bundles, &sums[l], err, errlen))
             goto out;
         if (gguf_writer_error(w)) goto write_error;
         if (progress) progress(progress_ctx, l + 1, L);
     }
+    /* little-endian hosts only (the GGUF reader's rule too): the sums as their bytes */
+    if (gguf_w_data(w, bundle_sums, sizeof(uint64_t) * (size_t)L * (size_t)n_bundles)) goto write_error;
     if (gguf_w_finish(w)) goto write_error;
     if (patch_checksums(tmp, fp, sums, L, err, errlen)) goto out;
     if (fclose(fp)) {
@@ -299,6 +304,30 @@ static int read_arrays(bundle_file *b, const char *path, char *err, size_t errle
     return 0;
 }
 
+/* The per-bundle checksums: copied out (aligned), and each layer's list checked against its checksum. */
+static int read_bundle_sums(bundle_file *b, const char *path, char *err, size_t errlen) {
+    const gguf_tensor *t = gguf_find_tensor(&b->g, BUNDLE_SUMS_TENSOR);
+    const uint64_t row = sizeof(uint64_t) * (uint64_t)b->n_bundles;
+    if (!t || t->type != GGML_TYPE_I8 || t->n_dims != 2 || t->ne[0] != row || t->ne[1] != (uint64_t)b->n_layer) {
+        err_set(err, errlen, "%s: tensor '%s' must be i8 of shape [%llu, %d] (8 bytes per bundle, layers)", path,
+                BUNDLE_SUMS_TENSOR, (unsigned long long)row, b->n_layer);
+        return -1;
+    }
+    uint64_t *sums = malloc((size_t)row * (size_t)b->n_layer);
+    if (!sums) {
+        err_set(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(sums, t->data, (size_t)row * (size_t)b->n_layer);
+    b->bundle_checksum = sums;
+    for (int l = 0; l < b->n_layer; l++)
+        if (checksum64(sums + (size_t)l * (size_t)b->n_bundles, (size_t)row) != b->checksum[l]) {
+            err_set(err, errlen, "%s: layer %d's bundle checksums do not add up to its checksum (corrupted)", path, l);
+            return -1;
+        }
+    return 0;
+}
+
 static int read_regions(bundle_file *b, const char *path, char *err, size_t errlen) {
     b->region = calloc((size_t)b->n_layer, sizeof *b->region);
     b->region_offset = calloc((size_t)b->n_layer, sizeof *b->region_offset);
@@ -353,7 +382,7 @@ int bundle_open(bundle_file *b, const char *path, const model *m, const char *mo
     memset(b, 0, sizeof *b);
     if (gguf_open(&b->g, path, err, errlen)) return -1;
     if (read_fields(b, path, err, errlen) || read_arrays(b, path, err, errlen) || read_regions(b, path, err, errlen) ||
-        (m && match_model(b, path, m, model_path ? model_path : "the model", err, errlen))) {
+        read_bundle_sums(b, path, err, errlen) || (m && match_model(b, path, m, model_path ? model_path : "the model", err, errlen))) {
         bundle_close(b);
         return -1;
     }
@@ -363,10 +392,15 @@ int bundle_open(bundle_file *b, const char *path, const model *m, const char *mo
 void bundle_close(bundle_file *b) {
     free((void *)b->order);
     free((void *)b->checksum);
+    free((void *)b->bundle_checksum);
     free(b->region);
     free(b->region_offset);
     gguf_close(&b->g);
     memset(b, 0, sizeof *b);
+}
+
+bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes) {
+    return checksum64(bytes, b->stride) == b->bundle_checksum[(size_t)l * (size_t)b->n_bundles + (size_t)bundle];
 }
 
 int bundle_verify(const bundle_file *b, char *err, size_t errlen) {

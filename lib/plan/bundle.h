@@ -15,7 +15,8 @@
  * Metadata (pi2.bundle.*): version, the source model's size and fingerprint
  * (model_fingerprint) and file name, the shape and row types, per_bundle and
  * stride, the order of every layer (one INT32 array, layer after layer), and
- * a checksum of every layer's region. */
+ * a checksum of every layer's region; after the layers, one tensor of every
+ * bundle's own checksum, so a bundle read alone is checked alone. */
 #ifndef PI2_BUNDLE_H
 #define PI2_BUNDLE_H
 
@@ -27,7 +28,8 @@
 #include "gguf/gguf.h"
 
 #define BUNDLE_ALIGN 4096
-#define BUNDLE_VERSION 1
+#define BUNDLE_VERSION 2
+#define BUNDLE_SUMS_TENSOR "bundle_checksums" /* i8 [8 * n_bundles, n_layer]: each bundle's checksum64 */
 #define BUNDLE_MAX_PER_BUNDLE 64
 
 typedef struct {
@@ -42,6 +44,7 @@ typedef struct {
     uint64_t source_size, source_fingerprint;
     const int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot (owned copy) */
     const uint64_t *checksum; /* [n_layer] (owned copy) */
+    const uint64_t *bundle_checksum; /* [n_layer][n_bundles]: checksum64 of each bundle's stride bytes (owned) */
     const uint8_t **region;   /* [n_layer]: the layer's bundles */
     uint64_t *region_offset;  /* [n_layer]: their file offsets */
 } bundle_file;
@@ -62,6 +65,9 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
  * error names both files. Does not read the regions (bundle_verify does). */
 int bundle_open(bundle_file *b, const char *path, const model *m, const char *model_path, char *err, size_t errlen);
 void bundle_close(bundle_file *b);
+/* Whether `bytes` (stride of them, read from anywhere) are bundle `bundle`
+ * of layer l as written: a reader of one bundle checks it alone. */
+bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes);
 /* Checks every layer's checksum; the error names the first bad layer. */
 int bundle_verify(const bundle_file *b, char *err, size_t errlen);
 
