@@ -95,13 +95,16 @@ $(BUILD)/bin/%: scripts/%.sh
 	@mkdir -p $(dir $@)
 	cp $< $@ && chmod +x $@
 
-# the planner's pieces (all but its main), for the tests of them
-PLANNER_A := $(BUILD)/planner.a
-$(PLANNER_A): $(patsubst %.c,$(BUILD)/%.o,$(filter-out planner/main.c,$(wildcard planner/*.c)))
-	@rm -f $@
-	ar rcs $@ $^
+# each process's pieces but its main, for the tests of them: build/<folder>.a
+PROC_ARCHIVES := $(foreach d,$(PROC_DIRS),$(if $(filter-out $(d)/main.c,$(wildcard $(d)/*.c)),$(BUILD)/$(d).a))
+define PROC_ARCHIVE_RULE
+$(BUILD)/$(1).a: $(patsubst %.c,$(BUILD)/%.o,$(filter-out $(1)/main.c,$(wildcard $(1)/*.c)))
+	@rm -f $$@
+	ar rcs $$@ $$^
+endef
+$(foreach d,$(PROC_DIRS),$(eval $(call PROC_ARCHIVE_RULE,$(d))))
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(PLANNER_A) $(LIBPI2)
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TESTLIB_OBJ) $(PROC_ARCHIVES) $(LIBPI2)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

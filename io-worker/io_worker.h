@@ -12,7 +12,7 @@
 #include "stack/proc_stop.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
-#include "uring_reader.h"
+#include "util/uring_reader.h"
 
 typedef struct {
     const char *runid;

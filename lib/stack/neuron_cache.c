@@ -189,6 +189,15 @@ const uint8_t *ncache_pin(ncache *c, uint32_t layer, uint32_t expert, uint32_t b
     return NULL;
 }
 
+bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle) {
+    const ncache_shape *s = &c->h->shape;
+    if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return false;
+    const uint64_t key = key_of(layer, expert, bundle);
+    const int32_t slot = atomic_load_explicit(&c->index[index_of(s, key)], memory_order_acquire);
+    return slot >= 0 && atomic_load_explicit(&c->slots[slot].key, memory_order_acquire) == key &&
+           state_of(atomic_load_explicit(&c->slots[slot].word, memory_order_acquire)) == READY;
+}
+
 void ncache_unpin(ncache *c, const ncache_ref *ref) {
     if (ref->slot >= 0) atomic_fetch_sub_explicit(&c->slots[ref->slot].word, 1, memory_order_release);
 }

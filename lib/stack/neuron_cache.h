@@ -69,6 +69,9 @@ const ncache_shape *ncache_shape_of(const ncache *c);
 const uint8_t *ncache_pin(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle, ncache_ref *ref);
 void ncache_unpin(ncache *c, const ncache_ref *ref);
 
+/* Whether the bundle is cached (published), without pinning it or counting a hit. */
+bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle);
+
 /* The writer. A slot for the bundle, its previous bundle evicted: LOADING,
  * *dest its bytes to fill. -1 when every slot is pinned or loading. The
  * bundle must not be cached or loading already. */

@@ -1,4 +1,5 @@
-#include "uring_reader.h"
+/* Reads of one file into memory with io_uring (uring_reader.h). */
+#include "util/uring_reader.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,193 @@
+/* The io-worker's bundle loads (io-worker/bundle_loader.h), on a tiny PWRI
+ * model's bundle file read with io_uring into a neuron cache:
+ *  - loaded bundles are pinned with exactly the file's bytes (compared with
+ *    the mapped file, not with what the loader read), asked-for-again ones
+ *    are not read again, keys outside the file are refused;
+ *  - a corrupted read, a short read and an I/O error are read again and end
+ *    right; when they persist the batch fails naming the bundle, its offset
+ *    and the file, that bundle is not cached and the rest of the batch is;
+ *  - with checking off a corruption is not caught (the switch is real);
+ *  - with every slot pinned, bundles that find no slot are counted. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../io-worker/bundle_loader.h"
+#include "engine/model.h"
+#include "mkmodel_run.h"
+#include "test.h"
+
+static char dir[] = "/tmp/pi2-test-loader-XXXXXX";
+
+typedef struct {
+    bundle_file b;
+    char path[600];
+    uring_reader *reader;
+    void *table;
+    uint8_t *data;
+    ncache *cache;
+    bundle_loader l;
+} fixture;
+
+static int fixture_make(fixture *f, uint32_t slots) {
+    char model_path[512], err[512];
+    memset(f, 0, sizeof *f);
+    if (mkmodel_run(dir, "m.pwri", "--preset tiny --act relu --pwri --seed 9", model_path, sizeof model_path)) return -1;
+    model m;
+    if (model_load(&m, model_path, err, sizeof err)) return -1;
+    snprintf(f->path, sizeof f->path, "%s/bundles.gguf", dir);
+    int rc = bundle_write(&m, model_path, NULL, 2, f->path, NULL, NULL, err, sizeof err) ||
+             bundle_open(&f->b, f->path, &m, model_path, err, sizeof err);
+    model_free(&m);
+    if (rc) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    f->reader = uring_reader_open(f->path, 8, err, sizeof err);
+    const ncache_shape s = {(uint32_t)f->b.n_layer, 1, (uint32_t)f->b.n_bundles, slots, f->b.stride};
+    const size_t tb = ncache_table_bytes(&s);
+    f->table = aligned_alloc(64, (tb + 63) / 64 * 64);
+    f->data = aligned_alloc(4096, slots * f->b.stride);
+    f->cache = f->reader && f->table && f->data
+                   ? ncache_create(f->table, tb, f->data, slots * f->b.stride, &s, err, sizeof err)
+                   : NULL;
+    if (!f->cache) return -1;
+    f->l = (bundle_loader){&f->b, f->path, f->reader, f->cache, true, NULL, NULL, {0}};
+    return 0;
+}
+
+static void fixture_free(fixture *f) {
+    ncache_detach(f->cache);
+    uring_reader_close(f->reader);
+    bundle_close(&f->b);
+    free(f->table), free(f->data);
+}
+
+/* the cached bundle equals the file's bytes */
+static bool cached_right(fixture *f, bundle_key k) {
+    ncache_ref ref;
+    const uint8_t *p = ncache_pin(f->cache, k.layer, 0, k.bundle, &ref);
+    if (!p) return false;
+    const bool same = memcmp(p, f->b.region[k.layer] + (size_t)k.bundle * f->b.stride, f->b.stride) == 0;
+    ncache_unpin(f->cache, &ref);
+    return same;
+}
+
+typedef struct {
+    bundle_key target;
+    int times;  /* how many reads of the target to break; -1: all */
+    int kind;   /* 0 corrupt, 1 short, 2 EIO */
+    int broken;
+} fault_plan;
+
+static void inject(void *ctx, const bundle_key *key, io_job *job) {
+    fault_plan *fp = ctx;
+    if (key->layer != fp->target.layer || key->bundle != fp->target.bundle) return;
+    if (fp->times >= 0 && fp->broken >= fp->times) return;
+    fp->broken++;
+    if (fp->kind == 0) job->dest[100] ^= 0x40;
+    else if (fp->kind == 1) job->result -= 4096;
+    else job->result = -EIO;
+}
+
+static void test_loads(void) {
+    fixture f;
+    if (fixture_make(&f, 16)) {
+        CHECK(0, "fixture");
+        return;
+    }
+    bundle_key keys[10];
+    for (int i = 0; i < 10; i++) keys[i] = (bundle_key){(uint32_t)(i % f.b.n_layer), (uint32_t)(3 * i + 1)};
+    char err[512] = "";
+    int unplaced = -1;
+    CHECK(bundle_loader_load(&f.l, keys, 10, &unplaced, err, sizeof err) == 0 && unplaced == 0, "load: %s", err);
+    int right = 0;
+    for (int i = 0; i < 10; i++) right += cached_right(&f, keys[i]);
+    CHECK(right == 10, "%d of 10 loaded bundles hold the file's bytes", right);
+    CHECK(f.l.stats.bundles == 10 && f.l.stats.bytes == 10 * f.b.stride, "stats: %llu bundles",
+          (unsigned long long)f.l.stats.bundles);
+    CHECK(bundle_loader_load(&f.l, keys, 3, NULL, err, sizeof err) == 0 && f.l.stats.already == 3 &&
+              f.l.stats.bundles == 10,
+          "bundles asked for again are not read again");
+    bundle_key bad = {(uint32_t)f.b.n_layer, 0};
+    CHECK(bundle_loader_load(&f.l, &bad, 1, NULL, err, sizeof err) != 0 && strstr(err, "no layer"),
+          "a key outside the file: %s", err);
+    fixture_free(&f);
+}
+
+static void test_faults(void) {
+    const char *kinds[] = {"a corrupted read", "a short read", "an I/O error"};
+    const char *says[] = {"checksum", "short read", "Input/output error"};
+    for (int kind = 0; kind < 3; kind++) {
+        fixture f;
+        if (fixture_make(&f, 16)) {
+            CHECK(0, "fixture");
+            return;
+        }
+        bundle_key keys[4] = {{0, 1}, {1, 2}, {0, 5}, {1, 7}};
+        fault_plan fp = {keys[2], 1, kind, 0};
+        f.l.fault = inject, f.l.fault_ctx = &fp;
+        char err[512] = "";
+        CHECK(bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err) == 0 && cached_right(&f, keys[2]) &&
+                  f.l.stats.retries == 1,
+              "%s once is read again and ends right (%s, %llu retries)", kinds[kind], err,
+              (unsigned long long)f.l.stats.retries);
+        fixture_free(&f);
+
+        if (fixture_make(&f, 16)) return;
+        fault_plan always = {keys[1], -1, kind, 0};
+        f.l.fault = inject, f.l.fault_ctx = &always;
+        const int rc = bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err);
+        char offset[64];
+        snprintf(offset, sizeof offset, "file offset %llu", (unsigned long long)bundle_file_offset(&f.b, 1, 2));
+        CHECK(rc != 0 && strstr(err, f.path) && strstr(err, "layer 1 bundle 2") && strstr(err, offset) &&
+                  strstr(err, says[kind]),
+              "%s that persists fails the batch naming bundle, offset, file and cause: %s", kinds[kind], err);
+        ncache_ref ref;
+        CHECK(ncache_pin(f.cache, 1, 0, 2, &ref) == NULL && always.broken == BUNDLE_READ_TRIES,
+              "the failed bundle is not cached (%d reads)", always.broken);
+        CHECK(cached_right(&f, keys[0]) && cached_right(&f, keys[2]) && cached_right(&f, keys[3]),
+              "the rest of the batch is cached right");
+        fixture_free(&f);
+    }
+    fixture f;
+    if (fixture_make(&f, 16)) return;
+    f.l.verify = false;
+    bundle_key k = {0, 3};
+    fault_plan fp = {k, 1, 0, 0};
+    f.l.fault = inject, f.l.fault_ctx = &fp;
+    char err[512];
+    CHECK(bundle_loader_load(&f.l, &k, 1, NULL, err, sizeof err) == 0 && !cached_right(&f, k),
+          "with checking off a corrupted read is published (the switch is real)");
+    fixture_free(&f);
+}
+
+static void test_full(void) {
+    fixture f;
+    if (fixture_make(&f, 4)) return;
+    bundle_key keys[4] = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
+    char err[512];
+    CHECK(bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err) == 0, "fill: %s", err);
+    ncache_ref refs[4];
+    for (int i = 0; i < 4; i++) ncache_pin(f.cache, 0, 0, (uint32_t)i, &refs[i]);
+    bundle_key more[2] = {{1, 0}, {1, 1}};
+    int unplaced = 0;
+    CHECK(bundle_loader_load(&f.l, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 2,
+          "with every slot pinned, 2 bundles find no slot (%d)", unplaced);
+    for (int i = 0; i < 4; i++) ncache_unpin(f.cache, &refs[i]);
+    CHECK(bundle_loader_load(&f.l, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 0 &&
+              cached_right(&f, more[0]) && cached_right(&f, more[1]),
+          "unpinned, they load");
+    fixture_free(&f);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) return 1;
+    test_loads();
+    test_faults();
+    test_full();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    return test_summary();
+}
