@@ -2,6 +2,7 @@
 #   make          build libraries, tools and tests
 #   make test     run the test suite (ends with "N passed, N failed")
 #   make asan     the test suite under AddressSanitizer + UBSan (in build-asan/)
+#   make fuzz     libFuzzer on every decoder of outside bytes, FUZZ_SECONDS each (clang, build-fuzz/)
 #   make demo     tell a story with the built-in stories260K model
 #   make deps     install the Debian packages the project needs (apt-get, root)
 
@@ -14,7 +15,7 @@ LDFLAGS  += -pthread $(SAN)
 LDLIBS   += -lzmq -lprotobuf-c -luring -lm
 CFLAGS   += -I$(BUILD)/proto
 
-DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev pkg-config \
+DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev pkg-config clang libclang-rt-dev \
                 linux-perf util-linux procps
 
 PROTO_SRC := $(wildcard proto/*.proto)
@@ -42,7 +43,7 @@ $(BUILD)/lib/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 $(BUILD)/lib/%_avx512.o: CFLAGS += $(AVX512_FLAGS)
 $(BUILD)/lib/%_amx.o:    CFLAGS += $(AVX512_FLAGS) -mamx-tile -mamx-int8
 
-.PHONY: all test asan demo deps check-deps clean bench
+.PHONY: all test asan fuzz demo deps check-deps clean bench
 .SECONDARY:
 all: check-deps $(LIBPI2) $(TOOLS) $(PROCS) $(SCRIPTS) $(TESTS)
 
@@ -115,6 +116,11 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
+# libFuzzer harnesses (tests/fuzz/), each run for FUZZ_SECONDS (clang, into build-fuzz/)
+FUZZ_SECONDS ?= 60
+fuzz: all
+	@BUILD=$(BUILD) tests/fuzz/run.sh $(FUZZ_SECONDS)
+
 demo: all
 	@scripts/demo.sh $(BUILD)
 
@@ -122,6 +128,6 @@ bench: all
 	@echo "benchmarks: see bench/ (e.g. bench/ref-decode)"
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 -include $(PROC_SRC:%.c=$(BUILD)/%.d) $(LIB_OBJ:.o=.d) $(TESTLIB_OBJ:.o=.d) $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%.d) $(TEST_SRC:tests/%.c=$(BUILD)/tests/%.d)

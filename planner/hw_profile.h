@@ -10,6 +10,7 @@
 #define PI2_PLANNER_HW_PROFILE_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,6 +75,8 @@ int hw_profile_cache_path(const model *m, const char *model_path, char *out, siz
  * line and key. 0, or -1 with err set (load then leaves h as it was). */
 int hw_profile_save(const hw_profile *h, const char *path, char *err, size_t errlen);
 int hw_profile_load(hw_profile *h, const char *path, char *err, size_t errlen);
+/* The same from an open stream (path names it in messages). */
+int hw_profile_read(hw_profile *h, FILE *f, const char *path, char *err, size_t errlen);
 
 /* Random reads per second of `bytes` at queue depth `depth`, interpolated
  * between the measured sizes and depths: the time per read linear in bytes,

@@ -234,6 +234,12 @@ int hw_profile_load(hw_profile *h, const char *path, char *err, size_t errlen) {
         err_set(err, errlen, "open %s: %s", path, strerror(errno));
         return -1;
     }
+    const int rc = hw_profile_read(h, f, path, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+int hw_profile_read(hw_profile *h, FILE *f, const char *path, char *err, size_t errlen) {
     hw_profile loaded = {0};
     profile_reader r = {.path = path};
     r.n_fields = profile_fields(&loaded, r.fields);
@@ -252,7 +258,6 @@ int hw_profile_load(hw_profile *h, const char *path, char *err, size_t errlen) {
             rc = -1;
         }
     free(line);
-    fclose(f);
     if (rc == 0) *h = loaded;
     return rc;
 }

@@ -84,6 +84,9 @@ int model_profile_save(const model_profile *p, const model *m, const char *model
                        size_t errlen);
 int model_profile_load(model_profile *p, const char *path, const model *m, const char *model_path, char *err,
                        size_t errlen);
+/* The same checks on an image in memory (name for messages), without a model. */
+int model_profile_parse(model_profile *p, const void *buf, size_t size, const char *name, char *err,
+                        size_t errlen);
 
 /* Spearman rank correlation of a and b (n values, ties averaged); 0 when
  * n < 2 or either side is constant (no order to compare), NAN when out of memory. */

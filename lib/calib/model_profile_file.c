@@ -260,11 +260,8 @@ static int match_model(reader *r, const model_profile *p, gguf_str source_name, 
     return -1;
 }
 
-int model_profile_load(model_profile *p, const char *path, const model *m, const char *model_path, char *err,
-                       size_t errlen) {
-    memset(p, 0, sizeof *p);
-    reader r = {.path = path, .err = err, .errlen = errlen};
-    if (gguf_open(&r.g, path, err, errlen)) return -1;
+/* Validates r's parsed file into p (and against m when given); closes it. */
+static int from_gguf(reader r, model_profile *p, const model *m, const char *model_path) {
     gguf_str source_name;
     const int rc = read_keys(&r, p, &source_name) || check_tensors(&r, p) || copy_tensors(&r, p) ||
                            check_counts(&r, p) ||
@@ -274,4 +271,20 @@ int model_profile_load(model_profile *p, const char *path, const model *m, const
     gguf_close(&r.g);
     if (rc) model_profile_free(p);
     return rc;
+}
+
+int model_profile_load(model_profile *p, const char *path, const model *m, const char *model_path, char *err,
+                       size_t errlen) {
+    memset(p, 0, sizeof *p);
+    reader r = {.path = path, .err = err, .errlen = errlen};
+    if (gguf_open(&r.g, path, err, errlen)) return -1;
+    return from_gguf(r, p, m, model_path);
+}
+
+int model_profile_parse(model_profile *p, const void *buf, size_t size, const char *name, char *err,
+                        size_t errlen) {
+    memset(p, 0, sizeof *p);
+    reader r = {.path = name, .err = err, .errlen = errlen};
+    if (gguf_parse(&r.g, buf, size, name, err, errlen)) return -1;
+    return from_gguf(r, p, NULL, NULL);
 }

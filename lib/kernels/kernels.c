@@ -19,11 +19,15 @@ extern const kernels kernels_avx512_exact_impl;
 
 const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
 
+/* CPUID.1:ECX bit 29, read directly: not every compiler's __builtin_cpu_supports knows "f16c" */
+static int cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 const kernels *kernels_avx2(void) {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return &kernels_avx2_impl;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) return &kernels_avx2_impl;
     return NULL;
 }
 

@@ -378,15 +378,27 @@ static int match_model(const bundle_file *b, const char *path, const model *m, c
     return 0;
 }
 
-int bundle_open(bundle_file *b, const char *path, const model *m, const char *model_path, char *err, size_t errlen) {
-    memset(b, 0, sizeof *b);
-    if (gguf_open(&b->g, path, err, errlen)) return -1;
+/* Validates b's parsed file (and against m when given); closes it on error. */
+static int validate(bundle_file *b, const char *path, const model *m, const char *model_path, char *err,
+                    size_t errlen) {
     if (read_fields(b, path, err, errlen) || read_arrays(b, path, err, errlen) || read_regions(b, path, err, errlen) ||
         read_bundle_sums(b, path, err, errlen) || (m && match_model(b, path, m, model_path ? model_path : "the model", err, errlen))) {
         bundle_close(b);
         return -1;
     }
     return 0;
+}
+
+int bundle_open(bundle_file *b, const char *path, const model *m, const char *model_path, char *err, size_t errlen) {
+    memset(b, 0, sizeof *b);
+    if (gguf_open(&b->g, path, err, errlen)) return -1;
+    return validate(b, path, m, model_path, err, errlen);
+}
+
+int bundle_parse(bundle_file *b, const void *buf, size_t size, const char *name, char *err, size_t errlen) {
+    memset(b, 0, sizeof *b);
+    if (gguf_parse(&b->g, buf, size, name, err, errlen)) return -1;
+    return validate(b, name, NULL, NULL, err, errlen);
 }
 
 void bundle_close(bundle_file *b) {

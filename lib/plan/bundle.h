@@ -64,6 +64,8 @@ int bundle_write(const model *m, const char *model_path, const int32_t *order, i
  * was written from m's file: size, fingerprint, shape and row types; the
  * error names both files. Does not read the regions (bundle_verify does). */
 int bundle_open(bundle_file *b, const char *path, const model *m, const char *model_path, char *err, size_t errlen);
+/* The same checks on an image in memory (not copied: it must outlive b), without a model. */
+int bundle_parse(bundle_file *b, const void *buf, size_t size, const char *name, char *err, size_t errlen);
 void bundle_close(bundle_file *b);
 /* Whether `bytes` (stride of them, read from anywhere) are bundle `bundle`
  * of layer l as written: a reader of one bundle checks it alone. */

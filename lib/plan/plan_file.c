@@ -197,9 +197,18 @@ Pi2__Plan *plan_load(const char *path, const model *m, const char *model_path, c
         free(buf);
         return NULL;
     }
+    Pi2__Plan *p = plan_parse(buf, size, path, err, errlen);
+    free(buf);
+    if (p && m && check_model(p, path, m, model_path, err, errlen)) {
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+Pi2__Plan *plan_parse(const uint8_t *buf, size_t size, const char *path, char *err, size_t errlen) {
     if (size < MAGIC_BYTES + TRAILER_BYTES || memcmp(buf, PLAN_MAGIC, MAGIC_BYTES) != 0) {
         err_set(err, errlen, "%s: not a plan file (no %s header)", path, PLAN_MAGIC);
-        free(buf);
         return NULL;
     }
     const size_t body = size - MAGIC_BYTES - TRAILER_BYTES;
@@ -208,16 +217,14 @@ Pi2__Plan *plan_load(const char *path, const model *m, const char *model_path, c
     if (checksum64(buf + MAGIC_BYTES, body) != stored) {
         err_set(err, errlen, "%s: the plan's checksum does not match its contents (truncated or corrupted): write "
                              "it again with pi2 plan", path);
-        free(buf);
         return NULL;
     }
     Pi2__Plan *p = pi2__plan__unpack(NULL, body, buf + MAGIC_BYTES);
-    free(buf);
     if (!p) {
         err_set(err, errlen, "%s: the plan message does not decode", path);
         return NULL;
     }
-    if (plan_validate(p, path, err, errlen) || (m && check_model(p, path, m, model_path, err, errlen))) {
+    if (plan_validate(p, path, err, errlen)) {
         plan_free(p);
         return NULL;
     }

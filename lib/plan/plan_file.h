@@ -24,6 +24,8 @@
  * plan_free. NULL with err set. */
 Pi2__Plan *plan_load(const char *path, const model *m, const char *model_path, char *err, size_t errlen);
 void plan_free(Pi2__Plan *p);
+/* The same checks on a file's bytes in memory (path names them), without a model. */
+Pi2__Plan *plan_parse(const uint8_t *buf, size_t size, const char *path, char *err, size_t errlen);
 
 /* The checks plan_load makes on a message (path names it in messages). 0, or -1 with err set. */
 int plan_validate(const Pi2__Plan *p, const char *path, char *err, size_t errlen);
