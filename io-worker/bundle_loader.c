@@ -55,6 +55,13 @@ int bundle_loader_load(bundle_loader *l, const bundle_key *keys, int n, int *unp
     }
     int claimed = 0;
     for (int i = 0; i < n; i++) {
+        bool repeat = false; /* a key twice in one batch would take two slots */
+        for (int j = 0; j < claimed && !repeat; j++)
+            repeat = p[j].key.layer == keys[i].layer && p[j].key.bundle == keys[i].bundle;
+        if (repeat) {
+            l->stats.already++;
+            continue;
+        }
         p[claimed].key = keys[i];
         p[claimed].slot = ncache_claim(l->cache, keys[i].layer, 0, keys[i].bundle, &p[claimed].dest);
         if (p[claimed].slot >= 0) {
@@ -67,7 +74,7 @@ int bundle_loader_load(bundle_loader *l, const bundle_key *keys, int n, int *unp
             (*unplaced)++;
     }
     int rc = 0, left = claimed;
-    while (left > 0 && rc == 0) {
+    while (left > 0) { /* after a failure the others still get their tries */
         int nj = 0;
         for (int i = 0; i < claimed; i++)
             if (!p[i].done) {
@@ -88,15 +95,15 @@ int bundle_loader_load(bundle_loader *l, const bundle_key *keys, int n, int *unp
                 l->stats.bundles++;
                 l->stats.bytes += l->b->stride;
             } else if (q->tries >= BUNDLE_READ_TRIES) {
-                rc = fail(l, q, &jobs[j], err, errlen);
-                break;
+                if (rc == 0) rc = fail(l, q, &jobs[j], err, errlen); /* the first failure is reported */
+                q->done = true;
+                ncache_abandon(l->cache, q->slot);
+                left--;
             } else {
                 l->stats.retries++;
             }
         }
     }
-    for (int i = 0; i < claimed; i++)
-        if (!p[i].done) ncache_abandon(l->cache, p[i].slot);
     l->stats.seconds += clock_seconds() - t0;
     free(p), free(jobs), free(map);
     return rc;

@@ -38,9 +38,10 @@ static long union_tokens(const model_profile *p, int l, const int32_t *neurons, 
 
 /* groups of k: each next unassigned neuron in hot order with the k - 1 of the following GROUP_WINDOW
  * unassigned ones that fired with it most often */
-static void group_layer(const model_profile *p, int l, const int32_t *hot, int k, int32_t *grouped) {
+static int group_layer(const model_profile *p, int l, const int32_t *hot, int k, int32_t *grouped) {
     const int n = p->n_ff;
     bool *taken = calloc((size_t)n, sizeof *taken);
+    if (!taken) return -1;
     long out = 0;
     for (int i = 0; i < n; i++) {
         const int lead = hot[i];
@@ -62,6 +63,7 @@ static void group_layer(const model_profile *p, int l, const int32_t *hot, int k
         }
     }
     free(taken);
+    return 0;
 }
 
 int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
@@ -69,13 +71,14 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
     memset(o, 0, sizeof *o);
     o->per_bundle = k;
     o->n_bundles = (n + k - 1) / k;
+    o->n_whole = n / k;
     o->order = malloc(sizeof(int32_t) * (size_t)p->n_layer * (size_t)n);
     o->p_bundle = malloc(sizeof(double) * (size_t)p->n_layer * (size_t)o->n_bundles);
     o->active = malloc(sizeof(double) * (size_t)p->n_layer);
     int32_t *hot = malloc(sizeof(int32_t) * (size_t)n), *grouped = malloc(sizeof(int32_t) * (size_t)n);
     bundle_rank *rank = malloc(sizeof(bundle_rank) * (size_t)o->n_bundles);
     uint64_t *scratch = malloc(sizeof(uint64_t) * (size_t)(p->words ? p->words : 1));
-    const bool ok = o->order && o->p_bundle && o->active && hot && grouped && rank && scratch;
+    bool ok = o->order && o->p_bundle && o->active && hot && grouped && rank && scratch;
     for (int l = 0; ok && l < p->n_layer; l++) {
         uint32_t *layer_counts = p->counts + (size_t)l * n;
         for (int i = 0; i < n; i++) hot[i] = i;
@@ -84,7 +87,10 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
         for (int i = 0; i < n; i++) fired += layer_counts[i];
         o->active[l] = p->n_tokens ? fired / p->n_tokens : 0;
         if (k == 1) memcpy(grouped, hot, sizeof(int32_t) * (size_t)n);
-        else group_layer(p, l, hot, k, grouped);
+        else if (group_layer(p, l, hot, k, grouped)) {
+            ok = false;
+            break;
+        }
         /* a short last group stays last: only whole groups are sorted */
         const long whole = n / k;
         for (long b = 0; b < o->n_bundles; b++) {

@@ -19,6 +19,7 @@
 typedef struct {
     int per_bundle;
     long n_bundles;     /* per layer */
+    long n_whole;       /* of them with per_bundle neurons: all but a short last one */
     int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot, as bundle_write takes it */
     double *p_bundle;   /* [n_layer][n_bundles]: probability a token needs the bundle, descending per
                            layer but for a short last bundle */

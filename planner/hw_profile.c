@@ -32,7 +32,6 @@
 #define MIN_PASSES 2
 #define MATVEC_CHUNK_ROWS 1024           /* dense rows per matvec call: the output stays in L1 */
 #define SPARSE_SHARE 10                  /* a gather reads one row in SPARSE_SHARE */
-/* progress points besides storage's: memory 1 and all threads, dense, gather, axpy; the bus */
 
 /* ---- progress: one point is about seconds_per_point of work ---- */
 
@@ -323,16 +322,18 @@ static void cpu_model_name(char *out, size_t outlen) {
     fclose(f);
 }
 
+void hw_profile_identify(hw_profile *h) {
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    h->n_cpus = cpus > 0 ? (int)cpus : 1;
+    cpu_model_name(h->cpu, sizeof h->cpu);
+    snprintf(h->kernels, sizeof h->kernels, "%s", kernels_best()->name);
+}
+
 int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, char *err, size_t errlen) {
     const double start = clock_seconds();
     const double seconds = o->seconds_per_point > 0 ? o->seconds_per_point : DEFAULT_SECONDS_PER_POINT;
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    *h = (hw_profile){.version = HW_PROFILE_VERSION,
-                      .n_cpus = cpus > 0 ? (int)cpus : 1,
-                      .weight_type = m->layers[0].gate.type,
-                      .row_len = m->n_embd};
-    cpu_model_name(h->cpu, sizeof h->cpu);
-    snprintf(h->kernels, sizeof h->kernels, "%s", kernels_best()->name);
+    *h = (hw_profile){.version = HW_PROFILE_VERSION, .weight_type = m->layers[0].gate.type, .row_len = m->n_embd};
+    hw_profile_identify(h);
     struct stat st;
     if (stat(o->model_path, &st)) {
         err_set(err, errlen, "%s: %s", o->model_path, strerror(errno));
@@ -340,7 +341,8 @@ int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, 
     }
     h->fs_dev = (uint64_t)st.st_dev;
     progress p = {.o = o, .total = MEMORY_KERNEL_POINTS + HW_IO_POINTS + BUS_POINTS};
-    if (measure_memory_and_kernels(h, bundle_down_type(m), seconds, &p, err, errlen) ||
+    h->down_type = bundle_down_type(m);
+    if (measure_memory_and_kernels(h, h->down_type, seconds, &p, err, errlen) ||
         hw_profile_measure_io(h, o->model_path, seconds, progress_step, &p, err, errlen))
         return -1;
     progress_step(&p, "bus round trip");

@@ -1,6 +1,6 @@
 /* The planner's hardware profile: what this machine does per second, measured
  * once and cached (pi2 plan --reprofile measures again). The cost model
- * (lib/plan/cost_model.h) predicts decode speed from it and the model profile.
+ * (planner/cost_model.h) predicts decode speed from it and the model profile.
  *
  * Kernel figures are for one weight type and row length (the model's FFN),
  * one thread, weights streamed from memory (not cache). I/O figures are
@@ -16,7 +16,7 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 1
+#define HW_PROFILE_VERSION 2
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 7 /* queue depths: 1, 2, 4, 8, 16, 32, 64 */
 
@@ -32,6 +32,7 @@ typedef struct {
     double mem_gbs_one, mem_gbs_all;
     /* kernels for this FFN weight type and row length, one thread, rows from memory */
     uint32_t weight_type;     /* GGML_TYPE_* of ffn_gate */
+    uint32_t down_type;       /* GGML_TYPE_* of the down_t rows the axpy reads (bundle_down_type) */
     int row_len;              /* n_embd */
     double dense_rows_s;      /* dense dot (matvec) rows per second */
     double sparse_rows_s;     /* gathered rows (sparse_kernels: a 10 % random subset, in index order) per second */
@@ -55,6 +56,9 @@ typedef struct {
     hw_progress_fn progress;
     void *progress_ctx;
 } hw_profile_opts;
+
+/* The machine's identity (cpu, n_cpus, kernels), as a profile records it. */
+void hw_profile_identify(hw_profile *h);
 
 /* Measures everything (under a minute on a default run). The storage figures
  * come from the model file when it has 64 MiB or more, else from a scratch

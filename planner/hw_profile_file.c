@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "gguf/ggml_types.h"
+#include "plan/bundle.h"
 #include "util/log.h"
 
 enum field_kind { FIELD_INT, FIELD_U64, FIELD_BOOL, FIELD_DOUBLE, FIELD_TEXT, FIELD_WEIGHT_TYPE };
@@ -25,7 +26,7 @@ typedef struct {
     size_t cap;    /* TEXT: the buffer's size */
 } field;
 
-#define N_FIELDS (16 + HW_IO_SIZES * HW_IO_DEPTHS) /* what profile_fields fills (the test counts the lines) */
+#define N_FIELDS (17 + HW_IO_SIZES * HW_IO_DEPTHS) /* what profile_fields fills (the test counts the lines) */
 
 /* The fields of h in file order (version first); returns their count. */
 static int profile_fields(hw_profile *h, field *f) {
@@ -39,6 +40,7 @@ static int profile_fields(hw_profile *h, field *f) {
     DOUBLE_FIELD(mem_gbs_one, 1e5);
     DOUBLE_FIELD(mem_gbs_all, 1e5);
     f[n++] = (field){"weight_type", FIELD_WEIGHT_TYPE, &h->weight_type, 0, 0, 0};
+    f[n++] = (field){"down_type", FIELD_WEIGHT_TYPE, &h->down_type, 0, 0, 0};
     INT_FIELD(row_len, 1, 1 << 24);
     DOUBLE_FIELD(dense_rows_s, 1e13);
     DOUBLE_FIELD(sparse_rows_s, 1e13);
@@ -277,8 +279,8 @@ int hw_profile_cache_path(const model *m, const char *model_path, char *out, siz
         err_set(err, errlen, "no cache directory: neither XDG_CACHE_HOME nor HOME is set");
         return -1;
     }
-    const int n = snprintf(out, outlen, "%s/hw-%llu-%s-%d.txt", base, (unsigned long long)st.st_dev,
-                           ggml_type_name(m->layers[0].gate.type), m->n_embd);
+    const int n = snprintf(out, outlen, "%s/hw-%llu-%s-%s-%d.txt", base, (unsigned long long)st.st_dev,
+                           ggml_type_name(m->layers[0].gate.type), ggml_type_name(bundle_down_type(m)), m->n_embd);
     if (n < 0 || (size_t)n >= outlen) {
         err_set(err, errlen, "cache path under %s too long", base);
         return -1;

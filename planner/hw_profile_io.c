@@ -257,9 +257,13 @@ int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_
         goto out;
     }
     b.ring_ready = true;
-    if (open_target(&b, model_path, err, errlen) ||
-        measure_grid(h, &b, seconds_per_point, step, step_ctx, err, errlen))
+    if (open_target(&b, model_path, err, errlen)) goto out;
+    if (measure_grid(h, &b, seconds_per_point, step, step_ctx, err, errlen)) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", err);
+        err_set(err, errlen, "storage, on %s's file system: %s", model_path, why);
         goto out;
+    }
     h->o_direct = b.direct;
     rc = 0;
 out:

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "plan/bundle.h"
+#include "util/log.h"
 
 static uint64_t kv_bytes(const model *m, int ctx) {
     return (uint64_t)m->n_layer * (uint64_t)ctx * (uint64_t)(m->n_head_kv * m->head_dim) * 2 /* K, V */ * 2 /* F16 */;
@@ -57,32 +58,38 @@ static int by_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* the hot bundles: the `total` most needed across layers (each layer's list is descending, so per layer a
- * prefix); equal bundles are the same size, so this maximizes the expected hits exactly */
+/* the hot bundles: the `total` most needed across layers. Each layer's whole bundles are descending, so
+ * per layer a prefix; equal bundles are the same size, so this maximizes the expected hits exactly. A
+ * short last bundle (not in the descending order) is pinned only after all its layer's whole ones. */
 static void allocate_hot(const bundle_order *o, int n_layer, long total, long *hot) {
-    const long n = o->n_bundles, all = (long)n_layer * n;
+    const long n = o->n_bundles, whole = o->n_whole, all = (long)n_layer * n, all_whole = (long)n_layer * whole;
     if (total >= all) {
         for (int l = 0; l < n_layer; l++) hot[l] = n;
         return;
     }
     memset(hot, 0, sizeof(long) * (size_t)n_layer);
     if (total <= 0) return;
-    double *sorted = malloc(sizeof(double) * (size_t)all);
-    if (!sorted) return; /* no pinned set: a valid, slower layout */
-    memcpy(sorted, o->p_bundle, sizeof(double) * (size_t)all);
-    qsort(sorted, (size_t)all, sizeof *sorted, by_desc);
-    const double threshold = sorted[total - 1];
-    free(sorted);
     long taken = 0;
-    for (int l = 0; l < n_layer; l++) {
-        const double *p = o->p_bundle + (size_t)l * n;
-        while (hot[l] < n && p[hot[l]] > threshold) hot[l]++;
-        taken += hot[l];
+    if (whole > 0) {
+        double *sorted = malloc(sizeof(double) * (size_t)all_whole);
+        if (!sorted) return; /* no pinned set: a valid, slower layout */
+        for (int l = 0; l < n_layer; l++)
+            memcpy(sorted + (size_t)l * whole, o->p_bundle + (size_t)l * n, sizeof(double) * (size_t)whole);
+        qsort(sorted, (size_t)all_whole, sizeof *sorted, by_desc);
+        const double threshold = sorted[(total < all_whole ? total : all_whole) - 1];
+        free(sorted);
+        for (int l = 0; l < n_layer; l++) {
+            const double *p = o->p_bundle + (size_t)l * n;
+            while (hot[l] < whole && p[hot[l]] > threshold) hot[l]++;
+            taken += hot[l];
+        }
+        for (int l = 0; l < n_layer && taken < total; l++) { /* ties, layer by layer */
+            const double *p = o->p_bundle + (size_t)l * n;
+            while (hot[l] < whole && taken < total && p[hot[l]] >= threshold) hot[l]++, taken++;
+        }
     }
-    for (int l = 0; l < n_layer && taken < total; l++) { /* ties, layer by layer */
-        const double *p = o->p_bundle + (size_t)l * n;
-        while (hot[l] < n && taken < total && p[hot[l]] >= threshold) hot[l]++, taken++;
-    }
+    for (int l = 0; l < n_layer && taken < total; l++) /* short last bundles, behind full layers */
+        if (hot[l] == whole && whole < n) hot[l]++, taken++;
 }
 
 /* the smallest depth within 10 % of the best IOPS at this read size */
@@ -114,7 +121,10 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     const uint64_t fixed = f->preload + f->process;
     const uint64_t all_ffn = (uint64_t)n_layer * (uint64_t)order->n_bundles * lay->stride;
     lay->floor = fixed + f->staging + (uint64_t)min_cold * lay->stride;
-    if (!lay->hot_bundles) return -1;
+    if (!lay->hot_bundles) {
+        log_error("out of memory for a layout of %d layers", n_layer);
+        return -1;
+    }
     if (budget >= fixed + all_ffn) {
         lay->all_resident = true;
         allocate_hot(order, n_layer, (long)n_layer * order->n_bundles, lay->hot_bundles);

@@ -35,7 +35,6 @@ typedef struct {
     uint64_t preload;       /* attention, norms, output, predictors (gate rows in gate-first), KV at ctx */
     uint64_t process;
     uint64_t staging;       /* two layers' FFN rows, for the prefill's streaming */
-    uint64_t ffn_all;       /* every bundle of every layer (at the stride of the order in question) */
     double dense_bytes;     /* weights read densely per token */
     size_t gate_row, up_row, down_row, neuron_bytes;
 } layout_fixed;

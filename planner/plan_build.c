@@ -66,6 +66,14 @@ static void hw_progress(void *ctx, const char *step, double done) {
     progress_show(p, done);
 }
 
+/* a cached profile is this machine's: its CPU, CPU count and kernel set (a file system's st_dev can
+ * repeat across machines sharing a home directory) */
+static bool same_machine(const hw_profile *h) {
+    hw_profile now = {0};
+    hw_profile_identify(&now);
+    return strcmp(now.cpu, h->cpu) == 0 && strcmp(now.kernels, h->kernels) == 0 && now.n_cpus == h->n_cpus;
+}
+
 static int hardware_profile(planning *pl) {
     char err[512];
     if (hw_profile_cache_path(&pl->m, pl->o->model_path, pl->hw_path, sizeof pl->hw_path, err, sizeof err)) {
@@ -73,8 +81,13 @@ static int hardware_profile(planning *pl) {
         return -1;
     }
     if (!pl->o->reprofile && hw_profile_load(&pl->hw, pl->hw_path, err, sizeof err) == 0) {
-        log_info("hardware profile: %s (measured in %.0f s; --reprofile measures again)", pl->hw_path, pl->hw.seconds);
-        return 0;
+        if (same_machine(&pl->hw)) {
+            log_info("hardware profile: %s (measured in %.0f s; --reprofile measures again)", pl->hw_path,
+                     pl->hw.seconds);
+            return 0;
+        }
+        log_info("hardware profile %s was measured on another machine (%s, %d CPUs, %s kernels): measuring again",
+                 pl->hw_path, pl->hw.cpu, pl->hw.n_cpus, pl->hw.kernels);
     }
     progress p;
     progress_begin(&p, "hardware profile");
@@ -87,8 +100,8 @@ static int hardware_profile(planning *pl) {
     progress_end(&p);
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", pl->hw_path);
-    if (mkdirs(dirname(dir)) || hw_profile_save(&pl->hw, pl->hw_path, err, sizeof err))
-        log_warn("hardware profile not cached (%s): %s", pl->hw_path, errno ? strerror(errno) : err);
+    if (mkdirs(dirname(dir))) log_warn("hardware profile not cached: cannot create %s: %s", dir, strerror(errno));
+    else if (hw_profile_save(&pl->hw, pl->hw_path, err, sizeof err)) log_warn("hardware profile not cached: %s", err);
     return 0;
 }
 
@@ -101,7 +114,7 @@ static int read_prompts(planning *pl) {
         return -1;
     }
     char *line = malloc(MAX_PROMPT_LINE);
-    int no = 0, rc = 0;
+    int no = 0, rc = line ? 0 : -1;
     while (line && fgets(line, MAX_PROMPT_LINE, f)) {
         no++;
         const size_t len = strcspn(line, "\r\n");
@@ -123,6 +136,7 @@ static int read_prompts(planning *pl) {
     }
     free(line);
     fclose(f);
+    if (rc && !line) log_error("-f %s: out of memory", path);
     if (rc == 0 && pl->n_extra == 0) log_warn("-f %s: no prompts in it", path);
     return rc;
 }
@@ -132,7 +146,10 @@ static void profile_progress(void *ctx, int done, int total) { progress_show(ctx
 static int model_profile_step(planning *pl) {
     const int n = model_profile_n_builtin + pl->n_extra;
     const char **prompts = malloc(sizeof(char *) * (size_t)n);
-    if (!prompts) return -1;
+    if (!prompts) {
+        log_error("out of memory for %d prompts", n);
+        return -1;
+    }
     for (int i = 0; i < model_profile_n_builtin; i++) prompts[i] = model_profile_builtin_prompts[i];
     for (int i = 0; i < pl->n_extra; i++) prompts[model_profile_n_builtin + i] = pl->extra_prompts[i];
     char path[1024], err[512];
@@ -315,6 +332,7 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     Pi2__PlanCurvePoint points[CURVE_POINTS + 2], *curve[CURVE_POINTS + 2];
     if (!hot || !clusters) {
         free(hot), free(clusters);
+        log_error("out of memory writing the plan");
         return -1;
     }
     uint64_t hot_total = 0;

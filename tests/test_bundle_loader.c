@@ -109,6 +109,11 @@ static void test_loads(void) {
     CHECK(bundle_loader_load(&f.l, keys, 3, NULL, err, sizeof err) == 0 && f.l.stats.already == 3 &&
               f.l.stats.bundles == 10,
           "bundles asked for again are not read again");
+    bundle_key twice[3] = {{0, 40}, {1, 41}, {0, 40}};
+    const uint64_t before = f.l.stats.bundles, already = f.l.stats.already;
+    CHECK(bundle_loader_load(&f.l, twice, 3, NULL, err, sizeof err) == 0 && f.l.stats.bundles == before + 2 &&
+              f.l.stats.already == already + 1 && cached_right(&f, twice[0]),
+          "a key twice in a batch is read once");
     bundle_key bad = {(uint32_t)f.b.n_layer, 0};
     CHECK(bundle_loader_load(&f.l, &bad, 1, NULL, err, sizeof err) != 0 && strstr(err, "no layer"),
           "a key outside the file: %s", err);

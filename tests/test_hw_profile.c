@@ -167,9 +167,9 @@ static void test_file(const hw_profile *h) {
     CHECK(same_profile(h, &loaded), "loaded profile differs from the saved one");
     const char *text = read_text(path);
     const int n_lines = line_of(text, "seconds");
-    /* version cpu n_cpus kernels mem_gbs_one mem_gbs_all weight_type row_len dense_rows_s sparse_rows_s
-     * axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us seconds, and the IOPS grid */
-    CHECK(n_lines == 16 + HW_IO_SIZES * HW_IO_DEPTHS, "%d lines", n_lines);
+    /* version cpu n_cpus kernels mem_gbs_one mem_gbs_all weight_type down_type row_len dense_rows_s
+     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us seconds, and the IOPS grid */
+    CHECK(n_lines == 17 + HW_IO_SIZES * HW_IO_DEPTHS, "%d lines", n_lines);
 
     replace_line(bad, sizeof bad, text, "mem_gbs_all", "");
     check_refused("missing", bad, (const char *[]){"mem_gbs_all", "missing"}, 2);
@@ -197,8 +197,12 @@ static void test_file(const hw_profile *h) {
     replace_line(bad, sizeof bad, text, "seq_mbs", "seq_mbs 12x\n");
     check_refused("trailing junk", bad, (const char *[]){"seq_mbs: not a number"}, 1);
 
-    replace_line(bad, sizeof bad, text, "version", "version 2\n");
-    check_refused("version", bad, (const char *[]){":1: version: 2, this program reads version 1"}, 1);
+    char other[32], said[96];
+    snprintf(other, sizeof other, "version %d\n", HW_PROFILE_VERSION + 1);
+    snprintf(said, sizeof said, ":1: version: %d, this program reads version %d", HW_PROFILE_VERSION + 1,
+             HW_PROFILE_VERSION);
+    replace_line(bad, sizeof bad, text, "version", other);
+    check_refused("version", bad, (const char *[]){said}, 1);
     snprintf(bad, sizeof bad, "%s", strchr(text, '\n') + 1);
     check_refused("no version", bad, (const char *[]){":1: cpu: the first line must be the version"}, 1);
 
@@ -225,7 +229,8 @@ static void test_cache_path(const model *m, const char *model_path, const hw_pro
     setenv("XDG_CACHE_HOME", cache, 1);
     struct stat st;
     stat(model_path, &st);
-    snprintf(want, sizeof want, "%s/pi2/hw-%llu-q4_0-%d.txt", cache, (unsigned long long)st.st_dev, m->n_embd);
+    /* a GGUF Q4_0 model: its quantized ffn_down becomes Q8_0 down_t rows (bundle_down_type) */
+    snprintf(want, sizeof want, "%s/pi2/hw-%llu-q4_0-q8_0-%d.txt", cache, (unsigned long long)st.st_dev, m->n_embd);
     CHECK(hw_profile_cache_path(m, model_path, path, sizeof path, err, sizeof err) == 0, "cache path: %s", err);
     CHECK(!strcmp(path, want), "cache path %s, want %s", path, want);
     CHECK(hw_profile_save(h, path, err, sizeof err) == 0, "save into a new directory: %s", err);

@@ -134,6 +134,15 @@ static void test_clock_and_pins(void) {
     CHECK(ncache_claim(f.c, 0, 0, 50, &dest) >= 0, "after recover the pins are gone");
     ncache_recover(f.c);
     CHECK(ncache_pin(f.c, 0, 0, 50, &ref) == NULL, "a slot left loading is empty after recover");
+    int kept = 0;
+    for (uint32_t b = 0; b < 100; b++) {
+        const uint8_t *q = ncache_pin(f.c, 0, 0, b, &ref);
+        if (q) {
+            kept += stamped(q, 0, b);
+            ncache_unpin(f.c, &ref);
+        }
+    }
+    CHECK(kept == 3, "the 3 published bundles are found after recover rebuilt the index (%d)", kept);
     CHECK(ncache_claim(f.c, 0, 0, 50, &dest) >= 0, "and the bundle can be claimed again");
     fixture_free(&f);
 }

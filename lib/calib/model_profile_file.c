@@ -4,6 +4,7 @@
 #include "calib/model_profile.h"
 
 #include <stdbool.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,10 @@ int model_profile_save(const model_profile *p, const model *m, const char *model
         return -1;
     }
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        err_set(err, errlen, "%s: path too long", path);
+        return -1;
+    }
     gguf_writer *w = gguf_writer_new("GGUF", GGUF_DEFAULT_ALIGNMENT);
     if (!w) {
         err_set(err, errlen, "out of memory");
@@ -81,7 +85,7 @@ int model_profile_save(const model_profile *p, const model *m, const char *model
     declare(w, p, model_name);
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        err_set(err, errlen, "%s: cannot create", tmp);
+        err_set(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         gguf_writer_free(w);
         return -1;
     }
@@ -92,7 +96,7 @@ int model_profile_save(const model_profile *p, const model *m, const char *model
     else if (closed)
         err_set(err, errlen, "%s: write failed", tmp);
     else if (rename(tmp, path))
-        err_set(err, errlen, "cannot rename %s to %s", tmp, path);
+        err_set(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     else
         rc = 0;
     if (rc) unlink(tmp);

@@ -258,7 +258,7 @@ int plan_save(const Pi2__Plan *p, const char *path, char *err, size_t errlen) {
     const bool closed = f && fclose(f) == 0;
     free(buf);
     if (!ok || !closed || rename(tmp, path)) {
-        err_set(err, errlen, "%s: %s", f ? tmp : path, strerror(errno));
+        err_set(err, errlen, "%s: %s", tmp, strerror(errno));
         unlink(tmp);
         return -1;
     }

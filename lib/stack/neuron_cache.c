@@ -29,7 +29,7 @@ typedef struct {
 } slot_meta;
 
 typedef struct {
-    uint64_t magic;
+    _Atomic uint64_t magic; /* stored last (release): a table is usable once it has it */
     ncache_shape shape;
     _Atomic uint64_t hand; /* CLOCK's position (the writer's) */
     _Atomic uint64_t hits, misses, loads, evictions;
@@ -38,6 +38,7 @@ typedef struct {
 
 struct ncache {
     table_header *h;
+    ncache_shape shape; /* validated once; the shared copy is not read again */
     slot_meta *slots;
     _Atomic int32_t *index;
     uint8_t *data;
@@ -75,12 +76,13 @@ static bool key_in_shape(const ncache_shape *s, uint64_t key) {
     return (key >> 48) < s->n_layer && ((key >> 32) & 0xffff) < s->n_expert && (key & 0xffffffffu) < s->n_bundles;
 }
 
-static ncache *handle(void *table, uint8_t *data) {
+static ncache *handle(void *table, uint8_t *data, const ncache_shape *s) {
     ncache *c = malloc(sizeof *c);
     if (!c) return NULL;
     c->h = table;
+    c->shape = *s;
     c->slots = (slot_meta *)((uint8_t *)table + sizeof(table_header));
-    c->index = (_Atomic int32_t *)(c->slots + c->h->shape.n_slots);
+    c->index = (_Atomic int32_t *)(c->slots + s->n_slots);
     c->data = data;
     return c;
 }
@@ -106,7 +108,7 @@ ncache *ncache_create(void *table, size_t table_bytes, uint8_t *data, size_t dat
     table_header *h = table;
     memset(h, 0, sizeof *h);
     h->shape = *s;
-    ncache *c = handle(table, data);
+    ncache *c = handle(table, data, s);
     if (!c) {
         err_set(err, errlen, "neuron cache: out of memory");
         return NULL;
@@ -117,20 +119,19 @@ ncache *ncache_create(void *table, size_t table_bytes, uint8_t *data, size_t dat
         atomic_init(&c->slots[i].referenced, 0);
     }
     for (uint64_t i = 0; i < index_entries(s); i++) atomic_init(&c->index[i], -1);
-    atomic_thread_fence(memory_order_release);
-    h->magic = NCACHE_MAGIC; /* last: a table is usable once it has its magic */
+    atomic_store_explicit(&h->magic, NCACHE_MAGIC, memory_order_release);
     return c;
 }
 
 ncache *ncache_attach(void *table, size_t table_bytes, uint8_t *data, size_t data_bytes, char *err, size_t errlen) {
-    const table_header *h = table;
-    if (table_bytes < sizeof *h || h->magic != NCACHE_MAGIC) {
+    table_header *h = table;
+    if (table_bytes < sizeof *h || atomic_load_explicit(&h->magic, memory_order_acquire) != NCACHE_MAGIC) {
         err_set(err, errlen, "neuron cache: no table here (magic)");
         return NULL;
     }
     const ncache_shape s = h->shape;
     if (check_sizes(&s, table_bytes, data_bytes, err, errlen)) return NULL;
-    ncache *c = handle(table, data);
+    ncache *c = handle(table, data, &s);
     if (!c) {
         err_set(err, errlen, "neuron cache: out of memory");
         return NULL;
@@ -158,12 +159,12 @@ ncache *ncache_attach(void *table, size_t table_bytes, uint8_t *data, size_t dat
 
 void ncache_detach(ncache *c) { free(c); }
 
-const ncache_shape *ncache_shape_of(const ncache *c) { return &c->h->shape; }
+const ncache_shape *ncache_shape_of(const ncache *c) { return &c->shape; }
 
-static uint8_t *slot_data(const ncache *c, uint64_t slot) { return c->data + slot * c->h->shape.slot_bytes; }
+static uint8_t *slot_data(const ncache *c, uint64_t slot) { return c->data + slot * c->shape.slot_bytes; }
 
 const uint8_t *ncache_pin(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle, ncache_ref *ref) {
-    const ncache_shape *s = &c->h->shape;
+    const ncache_shape *s = &c->shape;
     ref->slot = -1;
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return NULL;
     const uint64_t key = key_of(layer, expert, bundle);
@@ -190,7 +191,7 @@ const uint8_t *ncache_pin(ncache *c, uint32_t layer, uint32_t expert, uint32_t b
 }
 
 bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle) {
-    const ncache_shape *s = &c->h->shape;
+    const ncache_shape *s = &c->shape;
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return false;
     const uint64_t key = key_of(layer, expert, bundle);
     const int32_t slot = atomic_load_explicit(&c->index[index_of(s, key)], memory_order_acquire);
@@ -203,7 +204,7 @@ void ncache_unpin(ncache *c, const ncache_ref *ref) {
 }
 
 int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle, uint8_t **dest) {
-    const ncache_shape *s = &c->h->shape;
+    const ncache_shape *s = &c->shape;
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return -1;
     const uint64_t key = key_of(layer, expert, bundle);
     if (atomic_load_explicit(&c->index[index_of(s, key)], memory_order_relaxed) >= 0) return -1;
@@ -234,24 +235,42 @@ int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle
 void ncache_publish(ncache *c, int64_t slot) {
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
+    if (state_of(w) != LOADING) { /* not claimed: publishing would zero live pins */
+        log_error("neuron cache: slot %lld published while not loading", (long long)slot);
+        return;
+    }
     atomic_store_explicit(&m->word, word_of(gen_of(w), READY, 0), memory_order_release);
     const uint64_t key = atomic_load_explicit(&m->key, memory_order_relaxed);
-    atomic_store_explicit(&c->index[index_of(&c->h->shape, key)], (int32_t)slot, memory_order_release);
+    atomic_store_explicit(&c->index[index_of(&c->shape, key)], (int32_t)slot, memory_order_release);
     atomic_fetch_add_explicit(&c->h->loads, 1, memory_order_relaxed);
 }
 
 void ncache_abandon(ncache *c, int64_t slot) {
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
+    if (state_of(w) != LOADING) {
+        log_error("neuron cache: slot %lld abandoned while not loading", (long long)slot);
+        return;
+    }
     atomic_store_explicit(&m->key, NO_KEY, memory_order_relaxed);
     atomic_store_explicit(&m->word, word_of(gen_of(w), EMPTY, 0), memory_order_release);
 }
 
 void ncache_recover(ncache *c) {
-    for (uint32_t i = 0; i < c->h->shape.n_slots; i++) {
-        const uint64_t w = atomic_load_explicit(&c->slots[i].word, memory_order_acquire);
-        if (state_of(w) == LOADING) ncache_abandon(c, i);
-        else atomic_store_explicit(&c->slots[i].word, word_of(gen_of(w), state_of(w), 0), memory_order_release);
+    const ncache_shape *s = &c->shape;
+    /* the index again from the slots: a writer killed between a claim and its index update left a stale entry */
+    for (uint64_t i = 0; i < index_entries(s); i++) atomic_store_explicit(&c->index[i], -1, memory_order_relaxed);
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        slot_meta *m = &c->slots[i];
+        const uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
+        const uint64_t key = atomic_load_explicit(&m->key, memory_order_relaxed);
+        if (state_of(w) == READY && key != NO_KEY && key_in_shape(s, key)) {
+            atomic_store_explicit(&m->word, word_of(gen_of(w), READY, 0), memory_order_release);
+            atomic_store_explicit(&c->index[index_of(s, key)], (int32_t)i, memory_order_release);
+        } else {
+            atomic_store_explicit(&m->key, NO_KEY, memory_order_relaxed);
+            atomic_store_explicit(&m->word, word_of(gen_of(w), EMPTY, 0), memory_order_release);
+        }
     }
 }
 

@@ -73,15 +73,19 @@ void ncache_unpin(ncache *c, const ncache_ref *ref);
 bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle);
 
 /* The writer. A slot for the bundle, its previous bundle evicted: LOADING,
- * *dest its bytes to fill. -1 when every slot is pinned or loading. The
- * bundle must not be cached or loading already. */
+ * *dest its bytes to fill. -1 when the bundle is cached already or outside
+ * the shape, or no slot could be taken in two sweeps (every slot pinned or
+ * loading, or re-referenced by readers as fast as the sweep clears them).
+ * The bundle must not be loading already (the writer keeps one claim per
+ * bundle). */
 int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle, uint8_t **dest);
-/* The claimed slot's bytes are in place: readers may pin it. */
+/* The claimed (LOADING) slot's bytes are in place: readers may pin it. */
 void ncache_publish(ncache *c, int64_t slot);
 /* The read failed: the slot goes back empty. */
 void ncache_abandon(ncache *c, int64_t slot);
 
-/* Clears every pin and returns LOADING slots to empty; only while no reader or writer runs. */
+/* Clears every pin, returns LOADING slots to empty and rebuilds the index
+ * from the READY slots; only while no reader or writer runs. */
 void ncache_recover(ncache *c);
 void ncache_get_stats(const ncache *c, ncache_stats *out);
 
