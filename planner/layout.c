@@ -29,9 +29,10 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
         attention += weight_bytes(&w->wq) + weight_bytes(&w->wk) + weight_bytes(&w->wv) + weight_bytes(&w->wo) + 2 * norms;
-        predictor += weight_bytes(&w->fc1) + weight_bytes(&w->fc2);
+        if (!in->side_predictor_bytes) predictor += weight_bytes(&w->fc1) + weight_bytes(&w->fc2);
         gates += weight_bytes(&w->gate);
     }
+    predictor += in->side_predictor_bytes; /* the side file's weights, about its size */
     /* the token embedding is read a row at a time, unless the output shares it */
     const uint64_t output = weight_bytes(m->tied_output ? &m->tok_embd : &m->output) + norms;
     const uint64_t row = m->tok_embd.row_bytes;

@@ -27,6 +27,7 @@ typedef struct {
     int ctx;
     int n_processes;   /* in the stack */
     int threads;       /* decode compute threads in all */
+    uint64_t side_predictor_bytes; /* a pi2-predictor side file's size, 0: the model's own fc1/fc2 */
     const hw_profile *hw;
 } layout_inputs;
 

@@ -37,7 +37,9 @@ static void usage(FILE *f) {
             "  -f, --prompts FILE      more calibration prompts, one per line, after the built-in ones\n"
             "  -n, --tokens N          calibration tokens (default 1024)\n"
             "      --ctx N             context the KV cache is sized for (default 1024, as pi2 up)\n"
-            "      --mode MODE         predictor or gate-first (default: predictor if MODEL has one)\n"
+            "      --mode MODE         predictor or gate-first (default: predictor if MODEL has one or\n"
+            "                          --predictor is given)\n"
+            "      --predictor FILE    a pi2-predictor side file for predictor mode (a GGUF model's)\n"
             "      --reprofile         measure the machine again instead of using the cached profile\n"
             "      --hw-point-seconds S  time per measured point of the hardware profile (default 0.2;\n"
             "                          the whole profile takes about 55 times that)\n"
@@ -83,7 +85,7 @@ static int parse_args(plan_options *o, int argc, char **argv) {
         {"tokens", required_argument, 0, 'n'},   {"ctx", required_argument, 0, 3},
         {"mode", required_argument, 0, 4},       {"reprofile", no_argument, 0, 5},
         {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
-        {"hw-point-seconds", required_argument, 0, 6},
+        {"hw-point-seconds", required_argument, 0, 6}, {"predictor", required_argument, 0, 7},
         {0, 0, 0, 0},
     };
     int c;
@@ -107,6 +109,7 @@ static int parse_args(plan_options *o, int argc, char **argv) {
             break;
         case 5: o->reprofile = true; break;
         case 6: bad = cli_parse_double(optarg, "--hw-point-seconds", 0.001, 60, &o->hw_point_seconds); break;
+        case 7: o->predictor_path = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

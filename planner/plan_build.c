@@ -159,6 +159,7 @@ static int model_profile_step(planning *pl) {
                                    .n_tokens = pl->o->tokens,
                                    .gen_per_prompt = GEN_PER_PROMPT,
                                    .mode = pl->in.mode,
+                                   .predictor_path = pl->in.mode == FFN_PREDICTOR ? pl->o->predictor_path : NULL,
                                    .threads = pl->o->threads,
                                    .model_name = pl->o->model_path,
                                    .progress = profile_progress};
@@ -379,6 +380,7 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     in_memory_speeds(pl, &plan.resident_tok_s, &plan.dense_tok_s);
     plan.hw_profile = pl->hw_path;
     plan.model_profile = "model-profile.gguf";
+    plan.predictor = (char *)(pl->in.mode == FFN_PREDICTOR && o->predictor_path ? o->predictor_path : "");
 
     /* the curve: from the floor to everything resident, with the plan's budget among the points */
     const uint64_t lo = floor, hi = all_resident_budget(pl) > lo ? all_resident_budget(pl) : lo + 1;
@@ -446,9 +448,24 @@ static int plan_steps(planning *pl) {
         log_error("-o %s: %s", o->out_dir, strerror(errno));
         return -1;
     }
-    const bool has_predictor = pl->m.layers[0].fc1.data != NULL;
+    const bool has_predictor = pl->m.layers[0].fc1.data != NULL || o->predictor_path;
     ffn_mode mode = o->mode_given ? o->mode : has_predictor ? FFN_PREDICTOR : FFN_GATE_FIRST;
-    pl->in = (layout_inputs){&pl->m, mode, o->ctx, pl->conf.n_processes, pl->conf.threads, &pl->hw};
+    uint64_t side_bytes = 0;
+    if (o->predictor_path && mode == FFN_PREDICTOR) {
+        struct stat st;
+        if (stat(o->predictor_path, &st)) {
+            log_error("--predictor %s: %s", o->predictor_path, strerror(errno));
+            return -1;
+        }
+        side_bytes = (uint64_t)st.st_size;
+    }
+    pl->in = (layout_inputs){.m = &pl->m,
+                             .mode = mode,
+                             .ctx = o->ctx,
+                             .n_processes = pl->conf.n_processes,
+                             .threads = pl->conf.threads,
+                             .side_predictor_bytes = side_bytes,
+                             .hw = &pl->hw};
     layout_fixed_of(&pl->in, &pl->fixed);
     if (read_prompts(pl) || hardware_profile(pl) || model_profile_step(pl)) return -1;
     for (int c = 0; c < N_CHOICES; c++)

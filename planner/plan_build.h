@@ -10,6 +10,7 @@
 
 typedef struct {
     const char *model_path, *out_dir, *conf_path, *prompts_path;
+    const char *predictor_path; /* a pi2-predictor side file for predictor mode, or NULL */
     uint64_t budget;   /* 0: none given */
     double target;     /* tok/s, 0: none given */
     double hw_point_seconds; /* 0: the hardware profile's default */

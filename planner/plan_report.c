@@ -50,6 +50,7 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
             p->dense_tok_s);
     if (p->target_tok_s > 0) fprintf(out, "target         %.2f tok/s\n", p->target_tok_s);
     fprintf(out, "profiles       hardware %s, model %s\n", p->hw_profile, p->model_profile);
+    if (p->predictor[0]) fprintf(out, "predictor      %s\n", p->predictor);
 }
 
 void plan_print_curve(FILE *out, const Pi2__Plan *p) {

@@ -12,6 +12,8 @@
 #     --reprofile;
 #   - a corrupted or truncated plan, and a plan of another model, are refused
 #     by `pi2 plan show` / plan_load with the file named;
+#   - a pi2-predictor side file plans a GGUF file in predictor mode; one of
+#     another model is refused;
 #   - bad arguments exit 2.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -93,6 +95,17 @@ grep -q "hardware profile: done" "$TMP/re.err"; check "--reprofile measures the 
 check "pi2 plan (GGUF, --mem-budget 50%) exits 0" $?
 grep -q "gate-first mode" "$TMP/g.out" && grep -q "every gate row" "$TMP/g.out"
 check "a GGUF file without a predictor is planned gate-first, gate rows preloaded" $?
+
+# predictor mode on a GGUF file with a pi2-predictor side file
+if "$BIN/pi2-predictor" build -m "$TMP/m.gguf" -o "$TMP/pred.gguf" >/dev/null 2>&1; then
+    "${PLAN[@]}" -m "$TMP/m.gguf" --predictor "$TMP/pred.gguf" --mem-budget 50% -o "$TMP/gp" >"$TMP/gp.out" 2>&1
+    grep -q "predictor mode" "$TMP/gp.out" && grep -q "^predictor      $TMP/pred.gguf" "$TMP/gp.out"
+    check "--predictor FILE plans a GGUF file in predictor mode and records the side file" $?
+    "${PLAN[@]}" -m "$TMP/other.pwri" --predictor "$TMP/pred.gguf" --mem-budget 50% -o "$TMP/gp2" >/dev/null 2>"$TMP/gp2.err"
+    [ $? -eq 1 ]; check "a side file of another model is refused" $?
+else
+    check "pi2-predictor build for the side-file case" 1
+fi
 
 # bad plans
 head -c 40 "$TMP/p1/plan.pb" >"$TMP/cut.pb"

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "calib/predictor_build.h"
 #include "engine/predictor.h"
@@ -63,7 +64,7 @@ static int check_opts(const model *m, const model_profile_opts *o, const char *n
                 name, MODEL_PROFILE_MAX_TOKENS, o->n_tokens, o->n_prompts, o->gen_per_prompt);
         return -1;
     }
-    const char *why = ffn_mode_refusal(m, o->mode, has_own_predictor(m));
+    const char *why = ffn_mode_refusal(m, o->mode, o->predictor_path || has_own_predictor(m));
     if (why) {
         err_set(err, errlen, "%s: %s%s", name, why,
                 o->mode == FFN_PREDICTOR ? " (PowerInfer's blk.N.fc1/fc2, as a PWRI file has); this model has none"
@@ -79,7 +80,13 @@ uint64_t model_profile_run_hash(const model_profile_opts *o) {
     h = checksum_mix(h, (uint64_t)o->n_prompts);
     h = checksum_mix(h, (uint64_t)o->n_tokens);
     h = checksum_mix(h, (uint64_t)o->gen_per_prompt);
-    return checksum_mix(h, (uint64_t)o->mode);
+    h = checksum_mix(h, (uint64_t)o->mode);
+    if (o->mode == FFN_PREDICTOR && o->predictor_path) {
+        struct stat st;
+        h = checksum_mix(h, checksum64(o->predictor_path, strlen(o->predictor_path)));
+        h = checksum_mix(h, stat(o->predictor_path, &st) ? 0 : (uint64_t)st.st_size);
+    }
+    return h;
 }
 
 /* The rows were laid out for `from` words; a shorter run needs fewer: moved
@@ -116,7 +123,7 @@ int model_profile_run(model_profile *p, const model *m, const model_profile_opts
         err_set(err, errlen, "out of memory for the profile of %s (%zu neurons x %d tokens)", name, rows, o->n_tokens);
         goto fail;
     }
-    if (o->mode == FFN_PREDICTOR && !(c.pred = predictor_load(m, NULL, err, errlen))) goto fail;
+    if (o->mode == FFN_PREDICTOR && !(c.pred = predictor_load(m, o->predictor_path, err, errlen))) goto fail;
     predictor_run_opts run = {.prompts = o->prompts, .n_prompts = o->n_prompts, .n_tokens = o->n_tokens,
                               .gen_per_prompt = o->gen_per_prompt, .threads = o->threads};
     const int tokens = predictor_run_prompts(m, &run, profile_observer, &c, err, errlen);

@@ -49,7 +49,9 @@ typedef struct {
     int n_prompts;
     int n_tokens;               /* tokens in all (prompt + greedy), e.g. 1024 */
     int gen_per_prompt;         /* greedy tokens after each prompt */
-    ffn_mode mode;              /* FFN_GATE_FIRST, or FFN_PREDICTOR (the model's own fc1/fc2, as a PWRI file has) */
+    ffn_mode mode;              /* FFN_GATE_FIRST, or FFN_PREDICTOR */
+    const char *predictor_path; /* FFN_PREDICTOR: a pi2-predictor side file; NULL: the model's own
+                                   fc1/fc2 (as a PWRI file has) */
     int threads;                /* the engine's; the profile's bits do not depend on it */
     const char *model_name;     /* named in errors (the model's path); NULL: "the model" */
     model_profile_progress_fn progress;
@@ -57,7 +59,8 @@ typedef struct {
 } model_profile_opts;
 
 /* What a run's profile depends on besides the model: the prompts in order,
- * the tokens asked for, the greedy tokens per prompt and the mode. A saved
+ * the tokens asked for, the greedy tokens per prompt, the mode and the
+ * predictor (its path and size). A saved
  * profile with the same run_hash (and model) is what the run would make, so
  * it can be reused (the tokens run may be fewer than asked, when the prompts
  * run out: the hash holds what was asked). */
