@@ -16,26 +16,25 @@ SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sa
 make --no-print-directory -s BUILD=$FB CC=clang OPT=-O1 SAN="$SAN" PI2_IGNORE_DEPS=1 \
     $FB/libpi2.a $FB/planner.a >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
 pass=0; fail=0
-mkdir -p $FB/corpus $FB/seeds
+mkdir -p $FB/corpus
 # ---- seeds: valid inputs made by the normal build ----
-S=$PWD/$FB/seeds # absolute: XDG_CACHE_HOME must be
-if [ ! -s "$S/plan/plan.pb" ]; then
-    rm -rf "$S" && mkdir -p "$S"/{gguf,bundle,profile,plan,hw_profile}
-    "$BUILD"/bin/mkmodel -o "$S/micro.pwri" --preset tiny --dim 32 --layers 1 --ff 64 --vocab 512 --heads 2 \
-        --kv-heads 2 --act relu --pwri --seed 1 >/dev/null 2>&1
-    "$BUILD"/bin/mkmodel -o "$S/gguf/micro.gguf" --preset tiny --dim 32 --layers 1 --ff 64 --vocab 512 --heads 2 \
-        --kv-heads 2 --act relu --seed 1 >/dev/null 2>&1
-    cp "$S/micro.pwri" "$S/gguf/"
-    XDG_CACHE_HOME=$S/cache "$BUILD"/bin/pi2 plan -m "$S/micro.pwri" --mem-budget 1G --hw-point-seconds 0.005 \
-        -n 64 -o "$S/out" >/dev/null 2>&1
-    cp "$S/out/bundles.gguf" "$S/bundle/"
-    cp "$S/out/model-profile.gguf" "$S/profile/"
-    cp "$S/out/plan.pb" "$S/plan/"
-    # the message alone, behind an even byte: the harness frames it (fuzz_plan.c)
-    { printf "\x00"; tail -c +9 "$S/out/plan.pb" | head -c -8; } >"$S/plan/body"
-    cp "$S"/cache/pi2/hw-*.txt "$S/hw_profile/"
-    rm -rf "$S/out" "$S/cache" "$S/micro.pwri"
-fi
+S=$PWD/$FB/seeds # absolute: the planner ignores a relative XDG_CACHE_HOME (the XDG rule)
+# made again on every run (a second or two): seeds of an older file format would only test refusals
+rm -rf "$S" && mkdir -p "$S"/{gguf,bundle,profile,plan,hw_profile}
+"$BUILD"/bin/mkmodel -o "$S/micro.pwri" --preset tiny --dim 32 --layers 1 --ff 64 --vocab 512 --heads 2 \
+    --kv-heads 2 --act relu --pwri --seed 1 >/dev/null 2>&1
+"$BUILD"/bin/mkmodel -o "$S/gguf/micro.gguf" --preset tiny --dim 32 --layers 1 --ff 64 --vocab 512 --heads 2 \
+    --kv-heads 2 --act relu --seed 1 >/dev/null 2>&1
+cp "$S/micro.pwri" "$S/gguf/"
+XDG_CACHE_HOME=$S/cache "$BUILD"/bin/pi2 plan -m "$S/micro.pwri" --mem-budget 1G --hw-point-seconds 0.005 \
+    -n 64 -o "$S/out" >/dev/null 2>&1
+cp "$S/out/bundles.gguf" "$S/bundle/"
+cp "$S/out/model-profile.gguf" "$S/profile/"
+cp "$S/out/plan.pb" "$S/plan/"
+# the message alone, behind an even byte: the harness frames it (fuzz_plan.c)
+{ printf "\x00"; tail -c +9 "$S/out/plan.pb" | head -c -8; } >"$S/plan/body"
+cp "$S"/cache/pi2/hw-*.txt "$S/hw_profile/"
+rm -rf "$S/out" "$S/cache" "$S/micro.pwri"
 # ---- the harnesses ----
 for src in tests/fuzz/fuzz_*.c; do
     name=${src#tests/fuzz/fuzz_}; name=${name%.c}
