@@ -5,18 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calib/reorder.h"
+
 typedef struct {
     double p;
     long first; /* its first neuron's index in the grouped order */
 } bundle_rank;
-
-/* hottest first; ties by index, so the order is deterministic */
-static int by_count(const void *a, const void *b, void *counts) {
-    const uint32_t *c = counts;
-    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (c[i] != c[j]) return c[i] > c[j] ? -1 : 1;
-    return (i > j) - (i < j);
-}
 
 static int by_need(const void *a, const void *b) {
     const bundle_rank *x = a, *y = b;
@@ -80,9 +74,11 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
     uint64_t *scratch = malloc(sizeof(uint64_t) * (size_t)(p->words ? p->words : 1));
     bool ok = o->order && o->p_bundle && o->active && hot && grouped && rank && scratch;
     for (int l = 0; ok && l < p->n_layer; l++) {
-        uint32_t *layer_counts = p->counts + (size_t)l * n;
-        for (int i = 0; i < n; i++) hot[i] = i;
-        qsort_r(hot, (size_t)n, sizeof *hot, by_count, layer_counts);
+        const uint32_t *layer_counts = p->counts + (size_t)l * n;
+        if (reorder_layer_perm(layer_counts, n, 1, hot)) { /* hottest first, ties by index */
+            ok = false;
+            break;
+        }
         double fired = 0;
         for (int i = 0; i < n; i++) fired += layer_counts[i];
         o->active[l] = p->n_tokens ? fired / p->n_tokens : 0;

@@ -14,6 +14,7 @@
 
 #include "gguf/ggml_types.h"
 #include "plan/bundle.h"
+#include "util/mkdirs.h"
 #include "util/log.h"
 
 enum field_kind { FIELD_INT, FIELD_U64, FIELD_BOOL, FIELD_DOUBLE, FIELD_TEXT, FIELD_WEIGHT_TYPE };
@@ -129,21 +130,6 @@ static const char *parse_value(const field *f, const char *text) {
     return "unknown kind";
 }
 
-/* Creates the directories above path, as mkdir -p. */
-static int make_parent_dirs(const char *path, char *err, size_t errlen) {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *p = dir + 1; (p = strchr(p, '/')); p++) {
-        *p = 0;
-        if (mkdir(dir, 0755) && errno != EEXIST) {
-            err_set(err, errlen, "mkdir %s: %s", dir, strerror(errno));
-            return -1;
-        }
-        *p = '/';
-    }
-    return 0;
-}
-
 int hw_profile_save(const hw_profile *h, const char *path, char *err, size_t errlen) {
     field fields[N_FIELDS];
     hw_profile copy = *h; /* the table's pointers are writable; parse_value checks into this copy */
@@ -157,7 +143,14 @@ int hw_profile_save(const hw_profile *h, const char *path, char *err, size_t err
             return -1;
         }
     }
-    if (make_parent_dirs(path, err, errlen)) return -1;
+    char dir[PATH_MAX], failed[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) *slash = '\0';
+    if (slash && slash != dir && mkdirs(dir, failed, sizeof failed)) {
+        err_set(err, errlen, "mkdir %s: %s", failed, strerror(errno));
+        return -1;
+    }
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) {

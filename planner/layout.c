@@ -5,20 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/prompt.h"
 #include "plan/bundle.h"
 #include "util/log.h"
 
 static uint64_t kv_bytes(const model *m, int ctx) {
     return (uint64_t)m->n_layer * (uint64_t)ctx * (uint64_t)(m->n_head_kv * m->head_dim) * 2 /* K, V */ * 2 /* F16 */;
-}
-
-/* the prompt pass's buffers (engine/prompt.c) for PREFILL_TOKENS tokens, and its per-thread attention scratch */
-static uint64_t prefill_bytes(const model *m, int ctx, int threads) {
-    const uint64_t ne = (uint64_t)m->n_embd, nf = (uint64_t)m->n_ff, kv = (uint64_t)(m->n_head_kv * m->head_dim);
-    const uint64_t wide = nf > ne ? nf : ne;
-    const uint64_t per_token = 4 * (5 * ne + 2 * kv + 3 * nf) /* F32 rows */ + 2 * (ne + wide) /* F16 */ +
-                               (wide / 32 + 1) * 34 /* Q8_0 */ + wide + wide / 8 /* packed for the product */;
-    return PREFILL_TOKENS * per_token + (uint64_t)threads * (uint64_t)m->n_head * (uint64_t)ctx * 6;
 }
 
 void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
@@ -43,7 +35,7 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const bool predicts = in->mode == FFN_PREDICTOR;
     f->preload = attention + output + row + (predicts ? predictor : gates) + kv_bytes(m, in->ctx);
     f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0));
-    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prefill_bytes(m, in->ctx, in->threads);
+    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prompt_pass_bytes(m, PREFILL_TOKENS, in->ctx, in->threads);
     /* in gate-first the gate rows are preloaded, so a layer streams its up and down rows */
     const size_t streamed = predicts ? f->neuron_bytes : f->up_row + f->down_row;
     f->staging = 2 * (uint64_t)m->n_ff * streamed;

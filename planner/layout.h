@@ -15,7 +15,7 @@
 /* The processes' own memory, each: anonymous RSS 0.6-4.9 MiB and 5.6-11
  * MiB of mapped files (libraries, mostly shared), measured on a running
  * stack (docs/planner.md); plus the npu-worker's prompt buffers, which grow
- * with the model and the stack's max-prefill (PREFILL_TOKENS). */
+ * with the model and the stack's max-prefill (PREFILL_TOKENS): prompt_pass_bytes. */
 #define PROCESS_BYTES_EACH (8ull << 20)
 #define PREFILL_TOKENS 512
 /* The share of the cache that is cold slots (LRU) rather than pinned hot bundles. */

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "calib/model_profile.h"
+#include "calib/prompts_file.h"
 #include "engine/predictor.h" /* model_fingerprint */
 #include "plan/bundle.h"
 #include "plan/plan_file.h"
@@ -20,12 +21,12 @@
 #include "progress.h"
 #include "stack_conf.h"
 #include "util/log.h"
+#include "util/mkdirs.h"
 
 static const int per_bundle_choice[] = {1, 2, 4};
 #define N_CHOICES ((int)(sizeof per_bundle_choice / sizeof *per_bundle_choice))
 #define CURVE_POINTS 12
 #define GEN_PER_PROMPT 8 /* longer greedy runs loop on synthetic models and skew the counts */
-#define MAX_PROMPT_LINE (64 << 10)
 
 typedef struct {
     const plan_options *o;
@@ -41,18 +42,6 @@ typedef struct {
     layout_fixed fixed;
     bundle_order orders[N_CHOICES];
 } planning;
-
-static int mkdirs(const char *dir) {
-    char buf[1024];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return -1;
-    for (char *s = buf + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
 
 static void out_path(const planning *pl, const char *name, char *buf, size_t len) {
     snprintf(buf, len, "%s/%s", pl->o->out_dir, name);
@@ -98,47 +87,22 @@ static int hardware_profile(planning *pl) {
     }
     p.step = "hardware profile";
     progress_end(&p);
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", pl->hw_path);
-    if (mkdirs(dirname(dir))) log_warn("hardware profile not cached: cannot create %s: %s", dir, strerror(errno));
-    else if (hw_profile_save(&pl->hw, pl->hw_path, err, sizeof err)) log_warn("hardware profile not cached: %s", err);
+    if (hw_profile_save(&pl->hw, pl->hw_path, err, sizeof err)) log_warn("hardware profile not cached: %s", err);
     return 0;
 }
 
 static int read_prompts(planning *pl) {
     const char *path = pl->o->prompts_path;
     if (!path) return 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        log_error("-f %s: %s", path, strerror(errno));
+    char err[512];
+    pl->n_extra = calib_read_prompts(path, &pl->extra_prompts, err, sizeof err);
+    if (pl->n_extra < 0) {
+        pl->n_extra = 0;
+        log_error("-f %s", err);
         return -1;
     }
-    char *line = malloc(MAX_PROMPT_LINE);
-    int no = 0, rc = line ? 0 : -1;
-    while (line && fgets(line, MAX_PROMPT_LINE, f)) {
-        no++;
-        const size_t len = strcspn(line, "\r\n");
-        if (line[len] == '\0' && !feof(f)) {
-            log_error("-f %s:%d: a prompt line longer than %d bytes", path, no, MAX_PROMPT_LINE);
-            rc = -1;
-            break;
-        }
-        line[len] = '\0';
-        if (!len) continue;
-        char **grown = realloc(pl->extra_prompts, sizeof(char *) * (size_t)(pl->n_extra + 1));
-        if (!grown || !(grown[pl->n_extra] = strdup(line))) {
-            if (grown) pl->extra_prompts = grown;
-            rc = -1;
-            break;
-        }
-        pl->extra_prompts = grown;
-        pl->n_extra++;
-    }
-    free(line);
-    fclose(f);
-    if (rc && !line) log_error("-f %s: out of memory", path);
-    if (rc == 0 && pl->n_extra == 0) log_warn("-f %s: no prompts in it", path);
-    return rc;
+    if (pl->n_extra == 0) log_warn("-f %s: no prompts in it", path);
+    return 0;
 }
 
 static void profile_progress(void *ctx, int done, int total) { progress_show(ctx, (double)done / total); }
@@ -191,16 +155,18 @@ static int model_profile_step(planning *pl) {
 
 /* ---- layouts ---- */
 
-/* the layout of the order that predicts the most tok/s under budget; -1 if none fits */
-static int best_layout(planning *pl, uint64_t budget, layout *best) {
+/* the layout of the order that predicts the most tok/s under budget; -1 if none fits. tell: log every
+ * candidate's prediction (what decided the bundle size) */
+static int best_layout(planning *pl, uint64_t budget, layout *best, bool tell) {
     int found = -1;
+    bool fits[N_CHOICES] = {false};
+    cost_prediction pred[N_CHOICES];
+    uint64_t stride[N_CHOICES];
     for (int c = 0; c < N_CHOICES; c++) {
         layout lay;
-        if (layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &lay)) {
-            layout_free(&lay);
-            continue;
-        }
-        if (found < 0 || lay.pred.tok_s > best->pred.tok_s * 1.0001) {
+        fits[c] = layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &lay) == 0;
+        pred[c] = lay.pred, stride[c] = lay.stride;
+        if (fits[c] && (found < 0 || lay.pred.tok_s > best->pred.tok_s * 1.0001)) {
             if (found >= 0) layout_free(best);
             *best = lay;
             found = c;
@@ -208,6 +174,11 @@ static int best_layout(planning *pl, uint64_t budget, layout *best) {
             layout_free(&lay);
         }
     }
+    for (int c = 0; tell && c < N_CHOICES; c++)
+        if (fits[c])
+            log_info("bundles of %d neuron%s (%llu bytes): predicted %.2f tok/s, hit rate %.1f %%%s",
+                     pl->orders[c].per_bundle, pl->orders[c].per_bundle > 1 ? "s" : "", (unsigned long long)stride[c],
+                     pred[c].tok_s, 100 * pred[c].hit_rate, c == found ? " (chosen)" : "");
     return found < 0 ? -1 : 0;
 }
 
@@ -237,7 +208,7 @@ static uint64_t all_resident_budget(const planning *pl) {
 static int budget_for_target(planning *pl, double target, uint64_t *budget) {
     uint64_t lo = floor_of(pl), hi = all_resident_budget(pl);
     layout top;
-    if (best_layout(pl, hi, &top)) return -1;
+    if (best_layout(pl, hi, &top, false)) return -1;
     const double most = top.pred.tok_s;
     layout_free(&top);
     if (most < target) {
@@ -251,7 +222,7 @@ static int budget_for_target(planning *pl, double target, uint64_t *budget) {
     while (hi_mib - lo_mib > 1) {
         const uint64_t mid = lo_mib + (hi_mib - lo_mib) / 2;
         layout lay;
-        const bool fits = best_layout(pl, mid << 20, &lay) == 0, reaches = fits && lay.pred.tok_s >= target;
+        const bool fits = best_layout(pl, mid << 20, &lay, false) == 0, reaches = fits && lay.pred.tok_s >= target;
         if (fits) layout_free(&lay);
         if (reaches) hi_mib = mid;
         else lo_mib = mid;
@@ -275,7 +246,7 @@ static uint32_t cluster_neurons(const planning *pl, const layout *lay, int threa
 /* the predictions with everything resident: in the plan's mode, and dense */
 static void in_memory_speeds(planning *pl, double *resident, double *dense) {
     layout all;
-    *resident = best_layout(pl, all_resident_budget(pl), &all) == 0 ? all.pred.tok_s : 0;
+    *resident = best_layout(pl, all_resident_budget(pl), &all, false) == 0 ? all.pred.tok_s : 0;
     if (*resident > 0) layout_free(&all);
     layout_inputs din = pl->in;
     din.mode = FFN_DENSE;
@@ -395,7 +366,7 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     size_t n = 0;
     for (int i = 0; i < nb; i++) {
         layout at;
-        if (best_layout(pl, budgets[i], &at)) continue;
+        if (best_layout(pl, budgets[i], &at, false)) continue;
         points[n] = (Pi2__PlanCurvePoint)PI2__PLAN_CURVE_POINT__INIT;
         points[n].budget_bytes = budgets[i], points[n].tok_s = at.pred.tok_s, points[n].hit_rate = at.pred.hit_rate;
         curve[n] = &points[n];
@@ -444,8 +415,9 @@ static int plan_steps(planning *pl) {
         log_error("%s", err);
         return -1;
     }
-    if (mkdirs(o->out_dir)) {
-        log_error("-o %s: %s", o->out_dir, strerror(errno));
+    char failed[1024];
+    if (mkdirs(o->out_dir, failed, sizeof failed)) {
+        log_error("-o %s: cannot create %s: %s", o->out_dir, failed, strerror(errno));
         return -1;
     }
     const bool has_predictor = pl->m.layers[0].fc1.data != NULL || o->predictor_path;
@@ -495,20 +467,12 @@ static int plan_steps(planning *pl) {
     }
     const uint64_t floor = floor_of(pl);
     layout lay;
-    if (best_layout(pl, budget, &lay)) {
+    if (best_layout(pl, budget, &lay, true)) {
         log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging %.0f, "
                   "a minimal cache); %.2f GB was given",
                   floor / 1e9, floor / 1048576.0, pl->fixed.preload / 1048576.0, pl->fixed.process / 1048576.0,
                   pl->fixed.staging / 1048576.0, budget / 1e9);
         return -1;
-    }
-    for (int c = 0; c < N_CHOICES; c++) { /* what decided the bundle size */
-        layout alt;
-        if (layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &alt) == 0)
-            log_info("bundles of %d neuron%s (%llu bytes): predicted %.2f tok/s, hit rate %.1f %%%s",
-                     pl->orders[c].per_bundle, pl->orders[c].per_bundle > 1 ? "s" : "", (unsigned long long)alt.stride,
-                     alt.pred.tok_s, 100 * alt.pred.hit_rate, alt.order == lay.order ? " (chosen)" : "");
-        layout_free(&alt);
     }
     char bundle_path[1024];
     out_path(pl, "bundles.gguf", bundle_path, sizeof bundle_path);
@@ -522,8 +486,7 @@ int plan_run(const plan_options *o) {
     const int rc = plan_steps(&pl);
     for (int c = 0; c < N_CHOICES; c++) bundle_order_free(&pl.orders[c]);
     if (pl.prof.counts) model_profile_free(&pl.prof);
-    for (int i = 0; i < pl.n_extra; i++) free(pl.extra_prompts[i]);
-    free(pl.extra_prompts);
+    calib_free_prompts(pl.extra_prompts, pl.n_extra);
     if (pl.model_loaded) model_free(&pl.m);
     return rc;
 }

@@ -13,6 +13,7 @@
 #include "util/log.h"
 #include "engine/model.h"
 #include "calib/predictor_build.h"
+#include "calib/prompts_file.h"
 #include "calib/predictor_agree.h"
 
 static void usage(FILE *f) {
@@ -98,44 +99,6 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* Prompts file: one prompt per non-empty line. Returns the count, or -1. */
-static int read_prompts(const char *path, char ***out) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        log_error("cannot open %s", path);
-        return -1;
-    }
-    char **lines = NULL, *line = NULL;
-    size_t cap = 0;
-    int n = 0;
-    ssize_t len;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
-        if (!len) continue;
-        char **grown = realloc(lines, sizeof *lines * (size_t)(n + 1));
-        char *copy = strdup(line);
-        if (!grown || !copy) {
-            free(copy);
-            lines = grown ? grown : lines;
-            n = -1;
-            log_error("out of memory reading %s", path);
-            break;
-        }
-        lines = grown;
-        lines[n++] = copy;
-    }
-    free(line);
-    fclose(f);
-    if (n == 0) log_error("%s has no prompts", path);
-    *out = lines;
-    return n;
-}
-
-static void free_prompts(char **p, int n) {
-    for (int i = 0; i < n; i++) free(p[i]);
-    free(p);
-}
-
 static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 /* Per-layer recall / precision; returns the all-layer totals. */
@@ -215,8 +178,13 @@ static int cmd_build_or_eval(bool build, const options *o) {
                               build ? predictor_n_calib_prompts : predictor_n_eval_prompts, o->n_tokens, o->gen,
                               o->threads};
     if (o->prompts_path) {
-        n_file = read_prompts(o->prompts_path, &file_prompts);
-        if (n_file <= 0) goto done;
+        n_file = calib_read_prompts(o->prompts_path, &file_prompts, err, sizeof err);
+        if (n_file <= 0) {
+            if (n_file < 0) log_error("%s", err);
+            else log_error("%s has no prompts", o->prompts_path);
+            n_file = 0;
+            goto done;
+        }
         run.prompts = (const char *const *)file_prompts;
         run.n_prompts = n_file;
     }
@@ -258,7 +226,7 @@ static int cmd_build_or_eval(bool build, const options *o) {
     free(stats);
     predictor_free(p);
 done:
-    free_prompts(file_prompts, n_file > 0 ? n_file : 0);
+    calib_free_prompts(file_prompts, n_file > 0 ? n_file : 0);
     model_free(&m);
     return rc;
 }

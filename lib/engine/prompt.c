@@ -355,6 +355,39 @@ void prompt_pass_logits(prompt_pass *p, int n, float *out) {
 
 /* ---- set-up ---- */
 
+/* The sizes every buffer is made from. */
+typedef struct {
+    size_t T, ne, kvd, wide, nf, hd, q8_blocks, att, nth, scratch;
+} pass_dims;
+
+static pass_dims dims_of(const model *m, int max_tok, int n_ctx, int n_threads) {
+    pass_dims d;
+    d.T = (size_t)max_tok, d.ne = (size_t)m->n_embd, d.kvd = (size_t)(m->n_head_kv * m->head_dim);
+    d.nf = (size_t)m->n_ff, d.hd = (size_t)m->head_dim, d.wide = d.nf > d.ne ? d.nf : d.ne;
+    d.q8_blocks = d.wide / QK8_0 + 1, d.att = (size_t)m->n_head * (size_t)n_ctx, d.nth = (size_t)n_threads;
+    const size_t q4 = gemm_scratch_bytes((int)(d.wide / QK8_0)), fl = gemm_float_scratch_bytes((int)d.wide);
+    d.scratch = ((q4 > fl ? q4 : fl) + 63) / 64 * 64; /* per thread */
+    return d;
+}
+
+/* Every buffer of a pass and its element count, in one list: prompt_pass_new
+ * allocates them, prompt_pass_free frees them, prompt_pass_bytes adds them up. */
+#define PASS_BUFFERS(X)                                                                                                \
+    X(x, d.T * d.ne) X(xb, d.T * d.ne) X(q, d.T * d.ne) X(kk, d.T * d.kvd) X(vv, d.T * d.kvd) X(q16, d.T * d.ne)     \
+    X(rope_cs, d.T * d.hd) X(att, d.T * d.ne) X(gate, d.T * d.nf) X(up, d.T * d.nf) X(hb, d.T * d.nf)                \
+    X(proj, d.T * d.ne) X(in, d.T) X(in_f16, d.T * d.wide) X(in_q8, d.T * d.q8_blocks) X(scores, d.nth * d.att)     \
+    X(probs16, d.nth * d.att) X(logits_in, d.ne) X(scratch, d.nth) X(fired, d.nth * d.nf)                         \
+    X(fired_h, d.nth * d.nf) X(x32, d.T) X(x16, d.T)
+
+size_t prompt_pass_bytes(const model *m, int max_tok, int n_ctx, int n_threads) {
+    const pass_dims d = dims_of(m, max_tok, n_ctx, n_threads);
+    size_t total = sizeof(prompt_pass) + d.nth * d.scratch + gemm_acts_bytes(max_tok, (int)(d.wide / QK8_0 * QK8_0));
+#define ADD(field, count) total += (count) * sizeof *((prompt_pass *)0)->field;
+    PASS_BUFFERS(ADD)
+#undef ADD
+    return total;
+}
+
 prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
                              size_t errlen) {
     prompt_pass *p = calloc(1, sizeof *p);
@@ -370,46 +403,21 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     p->n_ctx = n_ctx;
     p->kv_dim = m->n_head_kv * m->head_dim;
     p->wide = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
-    int bad = 0;
-    const size_t T = (size_t)max_tok, ne = (size_t)m->n_embd, kvd = (size_t)p->kv_dim, wide = (size_t)p->wide,
-                 nf = (size_t)m->n_ff;
-    const size_t q8_blocks = wide / QK8_0 + 1, att_scratch = (size_t)m->n_head * (size_t)n_ctx;
     p->n_threads = pool_size(pool);
-    const size_t nth = (size_t)p->n_threads;
-    p->x = engine_xcalloc(T * ne, sizeof(float), &bad);
-    p->xb = engine_xcalloc(T * ne, sizeof(float), &bad);
-    p->q = engine_xcalloc(T * ne, sizeof(float), &bad);
-    p->kk = engine_xcalloc(T * kvd, sizeof(float), &bad);
-    p->vv = engine_xcalloc(T * kvd, sizeof(float), &bad);
-    p->q16 = engine_xcalloc(T * ne, sizeof(uint16_t), &bad);
-    p->rope_cs = engine_xcalloc(T * (size_t)m->head_dim, sizeof(float), &bad);
-    p->att = engine_xcalloc(T * ne, sizeof(float), &bad);
-    p->gate = engine_xcalloc(T * nf, sizeof(float), &bad);
-    p->up = engine_xcalloc(T * nf, sizeof(float), &bad);
-    p->hb = engine_xcalloc(T * nf, sizeof(float), &bad);
-    p->proj = engine_xcalloc(T * ne, sizeof(float), &bad);
-    p->in = engine_xcalloc(T, sizeof(act_vec), &bad);
-    p->in_f16 = engine_xcalloc(T * wide, sizeof(uint16_t), &bad);
-    p->in_q8 = engine_xcalloc(T * q8_blocks, sizeof(block_q8_0), &bad);
-    p->scores = engine_xcalloc(nth * att_scratch, sizeof(float), &bad);
-    p->probs16 = engine_xcalloc(nth * att_scratch, sizeof(uint16_t), &bad);
-    p->logits_in = engine_xcalloc(ne, sizeof(float), &bad);
-    p->scratch = engine_xcalloc(nth, sizeof(void *), &bad);
-    p->fired = engine_xcalloc(nth * nf, sizeof(int32_t), &bad);
-    p->fired_h = engine_xcalloc(nth * nf, sizeof(float), &bad);
-    p->x32 = engine_xcalloc(T, sizeof *p->x32, &bad);
-    p->x16 = engine_xcalloc(T, sizeof *p->x16, &bad);
-    const size_t q4_scratch = gemm_scratch_bytes(p->wide / QK8_0), float_scratch = gemm_float_scratch_bytes(p->wide);
-    const size_t scratch_bytes = ((q4_scratch > float_scratch ? q4_scratch : float_scratch) + 63) / 64 * 64;
-    for (size_t i = 0; !bad && i < nth; i++)
-        if (!(p->scratch[i] = aligned_alloc(64, scratch_bytes))) bad = 1;
+    const pass_dims d = dims_of(m, max_tok, n_ctx, p->n_threads);
+    int bad = 0;
+#define ALLOC(field, count) p->field = engine_xcalloc(count, sizeof *p->field, &bad);
+    PASS_BUFFERS(ALLOC)
+#undef ALLOC
+    for (size_t i = 0; !bad && i < d.nth; i++)
+        if (!(p->scratch[i] = aligned_alloc(64, d.scratch))) bad = 1;
     if (!bad && gemm_acts_init(&p->acts, max_tok, p->wide / QK8_0 * QK8_0)) bad = 1;
     if (bad) {
         snprintf(err, errlen, "out of memory allocating prompt buffers for %d tokens", max_tok);
         prompt_pass_free(p);
         return NULL;
     }
-    for (size_t t = 0; t < T; t++) p->in[t] = (act_vec){NULL, p->in_f16 + t * wide, p->in_q8 + t * q8_blocks};
+    for (size_t t = 0; t < d.T; t++) p->in[t] = (act_vec){NULL, p->in_f16 + t * d.wide, p->in_q8 + t * d.q8_blocks};
     return p;
 }
 
@@ -418,9 +426,8 @@ void prompt_pass_free(prompt_pass *p) {
     if (p->scratch)
         for (int i = 0; i < p->n_threads; i++) free(p->scratch[i]);
     gemm_acts_free(&p->acts);
-    free(p->x); free(p->xb); free(p->q); free(p->kk); free(p->vv); free(p->q16); free(p->rope_cs); free(p->att);
-    free(p->gate); free(p->up); free(p->hb); free(p->proj); free(p->in); free(p->in_f16); free(p->in_q8);
-    free(p->scores); free(p->probs16); free(p->logits_in); free(p->scratch);
-    free(p->fired); free(p->fired_h); free(p->x32); free(p->x16);
+#define FREE(field, count) free(p->field);
+    PASS_BUFFERS(FREE)
+#undef FREE
     free(p);
 }

@@ -50,6 +50,8 @@ bool prompt_pass_takes(const model *m);
 prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
                              size_t errlen);
 void prompt_pass_free(prompt_pass *p);
+/* The bytes prompt_pass_new allocates for these sizes with n_threads threads. */
+size_t prompt_pass_bytes(const model *m, int max_tok, int n_ctx, int n_threads);
 
 /* tokens[0..n) (ids < n_vocab, 1 <= n <= max_tok) at positions first, first+1, ...
  * (the earlier positions already in the KV cache). step may be NULL.

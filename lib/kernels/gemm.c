@@ -10,12 +10,27 @@
 
 static size_t tiles_of(int n_tok) { return (size_t)(n_tok + GEMM_TILE - 1) / GEMM_TILE; }
 
+/* the three arrays' bytes for a capacity */
+static void acts_sizes(int max_tok, int max_cols, size_t *qs, size_t *d, size_t *sum) {
+    const size_t cells = tiles_of(max_tok) * (size_t)(max_cols / QK8_0) * GEMM_TILE;
+    *qs = (cells * 32 + 63) / 64 * 64 + 64;
+    *d = (cells * sizeof(float) + 63) / 64 * 64 + 64;
+    *sum = (cells * sizeof(int32_t) + 63) / 64 * 64 + 64;
+}
+
+size_t gemm_acts_bytes(int max_tok, int max_cols) {
+    size_t qs, d, sum;
+    acts_sizes(max_tok, max_cols, &qs, &d, &sum);
+    return qs + d + sum;
+}
+
 int gemm_acts_init(gemm_acts *a, int max_tok, int max_cols) {
     memset(a, 0, sizeof *a);
-    const size_t cells = tiles_of(max_tok) * (size_t)(max_cols / QK8_0) * GEMM_TILE;
-    a->qs = aligned_alloc(64, (cells * 32 + 63) / 64 * 64 + 64);
-    a->d = aligned_alloc(64, (cells * sizeof(float) + 63) / 64 * 64 + 64);
-    a->sum = aligned_alloc(64, (cells * sizeof(int32_t) + 63) / 64 * 64 + 64);
+    size_t qs, d, sum;
+    acts_sizes(max_tok, max_cols, &qs, &d, &sum);
+    a->qs = aligned_alloc(64, qs);
+    a->d = aligned_alloc(64, d);
+    a->sum = aligned_alloc(64, sum);
     if (!a->qs || !a->d || !a->sum) {
         gemm_acts_free(a);
         return -1;

@@ -42,6 +42,7 @@ typedef struct {
 /* Capacity for up to max_tok tokens of up to max_cols columns (a multiple of 32).
  * 0, or -1 when out of memory (then a is left empty). */
 int gemm_acts_init(gemm_acts *a, int max_tok, int max_cols);
+size_t gemm_acts_bytes(int max_tok, int max_cols); /* what gemm_acts_init allocates */
 void gemm_acts_free(gemm_acts *a);
 /* Pack n_tok tokens of n columns (x[t]: token t's n / 32 Q8_0 blocks); within capacity. */
 void gemm_acts_pack(gemm_acts *a, const block_q8_0 *const *x, int n_tok, int n);
