@@ -10,15 +10,20 @@
 
 #include "engine/model.h"
 #include "stack/proc_stop.h"
+#include "stack/neuron_cache.h"
+#include "stack/offload.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
 
-enum { SEG_WEIGHTS, SEG_KV, SEG_ACT, SEG_CTL, SEG_COUNT };
+/* SEG_FFN exists only under a memory budget; the control segment comes last. */
+enum { SEG_WEIGHTS, SEG_KV, SEG_ACT, SEG_FFN, SEG_CTL, SEG_COUNT };
 
 typedef struct {
     const char *runid;
     char model_path[PATH_MAX]; /* absolute: the control block compares it */
     char predictor_path[PATH_MAX]; /* absolute, or empty */
+    bool budgeted;             /* --plan: the model under the plan's memory budget (stack/offload.h) */
+    offload off;               /* its layout, when budgeted */
     model m;
     stack_params params;       /* asked for on the command line; a kept control block's win */
     int io_timeout_ms;         /* re-send a read batch not answered within this */
@@ -44,12 +49,18 @@ uint64_t cm_segments_bytes(const cachemgr *c, uint64_t *weights, uint64_t *kv);
  * or logs one error line and returns 1. */
 int cm_preflight(const cachemgr *c);
 
+/* Budgeted, after the load: every hot bundle checked against its checksum,
+ * and a fresh slot table over the cold region. 0, or -1 (logged). */
+int cm_ready_cache(cachemgr *c);
+
 /* Beats our control-block row with state st. */
 void cm_beat(cachemgr *c, enum proc_state st);
 
 /* Reads the model file from weights_file_offset on into the weights region
- * through the io-worker, then sets ctl->weights_ready. 0 when loaded, 1 when
- * stopped by a signal, -1 on an error (logged). */
+ * through the io-worker (budgeted: the preloaded tensors, then each layer's
+ * hot bundles from the bundle file into the hot region, checked against
+ * their checksums, and a fresh slot table), then sets ctl->weights_ready.
+ * 0 when loaded, 1 when stopped by a signal, -1 on an error (logged). */
 int cm_load_weights(cachemgr *c);
 
 #endif

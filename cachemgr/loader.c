@@ -35,6 +35,7 @@ typedef struct {
     cachemgr *c;
     bus_socket *sock;
     Pi2__IoRead *reads;        /* every read of the load */
+    Pi2__IoTarget *targets;    /* [n_reads]: where each read goes */
     batch *batches;
     size_t n_reads, n_batches, n_done, in_flight;
     uint64_t seq;
@@ -58,28 +59,75 @@ static bus_socket *connect_io(const char *runid, bus_ctx *ctx) {
     return s;
 }
 
-/* Splits the file range into reads and the reads into batches. */
-static int plan_reads(loader *L) {
-    const model *m = &L->c->m;
-    uint64_t start = weights_file_offset(m), end = m->gguf.size;
-    L->n_reads = (size_t)((end - start + READ_BYTES - 1) / READ_BYTES);
-    L->n_batches = (L->n_reads + READS_PER_BATCH - 1) / READS_PER_BATCH;
-    L->reads = calloc(L->n_reads, sizeof *L->reads);
-    L->batches = calloc(L->n_batches, sizeof *L->batches);
-    if (!L->reads || !L->batches) return -1;
-    for (size_t i = 0; i < L->n_reads; i++) {
-        uint64_t off = start + (uint64_t)i * READ_BYTES;
-        pi2__io_read__init(&L->reads[i]);
-        L->reads[i].file_offset = off;
-        L->reads[i].length = (uint32_t)(end - off < READ_BYTES ? end - off : READ_BYTES);
-        L->reads[i].slot_offset = off - start;
+/* A file range to read into a destination, cut into reads of READ_BYTES. */
+typedef struct {
+    Pi2__IoTarget target;
+    uint64_t file_offset, bytes, dest;
+} span;
+
+static size_t span_reads(const span *s) { return (size_t)((s->bytes + READ_BYTES - 1) / READ_BYTES); }
+
+/* What to read: the model file from weights_file_offset on, or, under a
+ * budget, the preloaded ranges and every layer's hot bundles. *n spans. */
+static span *plan_spans(const cachemgr *c, size_t *n) {
+    const model *m = &c->m;
+    if (!c->budgeted) {
+        span *s = malloc(sizeof *s);
+        if (s) s[0] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, weights_file_offset(m), m->gguf.size - weights_file_offset(m), 0};
+        *n = 1;
+        return s;
     }
+    const offload *o = &c->off;
+    span *s = malloc(sizeof *s * (size_t)(o->n_ranges + m->n_layer));
+    if (!s) return NULL;
+    size_t k = 0;
+    for (int i = 0; i < o->n_ranges; i++) {
+        const preload_range *r = &o->ranges[i];
+        uint64_t end = r->file_offset + r->bytes < m->gguf.size ? r->file_offset + r->bytes : m->gguf.size;
+        s[k++] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, r->file_offset, end - r->file_offset, r->seg_offset};
+    }
+    for (int l = 0; l < m->n_layer; l++) {
+        uint64_t off, bytes;
+        offload_hot_range(o, l, &off, &bytes);
+        if (bytes) s[k++] = (span){PI2__IO_TARGET__IO_TARGET_HOT, off, bytes, o->hot_offset[l]};
+    }
+    *n = k;
+    return s;
+}
+
+/* Cuts the spans into reads and the reads into batches of one target. */
+static int plan_reads(loader *L) {
+    size_t n_spans;
+    span *spans = plan_spans(L->c, &n_spans);
+    if (!spans) return -1;
+    L->n_reads = 0;
+    for (size_t i = 0; i < n_spans; i++) L->n_reads += span_reads(&spans[i]);
+    L->reads = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->reads);
+    L->targets = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->targets);
+    L->batches = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->batches); /* at most one per read */
+    if (!L->reads || !L->targets || !L->batches) {
+        free(spans);
+        return -1;
+    }
+    size_t r = 0;
+    for (size_t i = 0; i < n_spans; i++)
+        for (uint64_t at = 0; at < spans[i].bytes; at += READ_BYTES, r++) {
+            pi2__io_read__init(&L->reads[r]);
+            L->reads[r].file_offset = spans[i].file_offset + at;
+            L->reads[r].length = (uint32_t)(spans[i].bytes - at < READ_BYTES ? spans[i].bytes - at : READ_BYTES);
+            L->reads[r].slot_offset = spans[i].dest + at;
+            L->targets[r] = spans[i].target;
+        }
+    free(spans);
     /* Ids carry our pid: answers meant for a previous cachemgr of the run are told apart. */
     uint64_t nonce = (uint64_t)getpid() << 32;
-    for (size_t b = 0; b < L->n_batches; b++) {
-        size_t first = b * READS_PER_BATCH;
-        L->batches[b] = (batch){.id = nonce | (b + 1), .first = first,
-                                .n = L->n_reads - first < READS_PER_BATCH ? L->n_reads - first : READS_PER_BATCH};
+    L->n_batches = 0;
+    for (size_t first = 0; first < L->n_reads;) {
+        size_t n = 1;
+        while (n < READS_PER_BATCH && first + n < L->n_reads && L->targets[first + n] == L->targets[first]) n++;
+        L->batches[L->n_batches] = (batch){.id = nonce | (L->n_batches + 1), .first = first, .n = n};
+        L->n_batches++;
+        first += n;
     }
     return 0;
 }
@@ -89,6 +137,7 @@ static int send_batch(loader *L, batch *b) {
     for (size_t i = 0; i < b->n; i++) ptrs[i] = &L->reads[b->first + i];
     Pi2__IoReadBatch body = PI2__IO_READ_BATCH__INIT;
     body.batch_id = b->id;
+    body.target = L->targets[b->first];
     body.n_reads = b->n;
     body.reads = ptrs;
     Pi2__Envelope env;
@@ -152,8 +201,9 @@ static int take_completion(loader *L, const Pi2__IoComplete *done) {
         if (got < 0) snprintf(what, sizeof what, "%s", strerror(-got));
         else snprintf(what, sizeof what, "%d of %u bytes (the file shrank?)", got, r->length);
         if (++b->attempts >= MAX_ATTEMPTS) {
-            log_error("reading the model at offset %llu failed %d times: %s", (unsigned long long)r->file_offset,
-                      b->attempts, what);
+            log_error("reading the %s at offset %llu failed %d times: %s",
+                      L->targets[b->first] == PI2__IO_TARGET__IO_TARGET_HOT ? "bundle file" : "model",
+                      (unsigned long long)r->file_offset, b->attempts, what);
             return -1;
         }
         log_warn("read at offset %llu: %s; retrying the batch", (unsigned long long)r->file_offset, what);
@@ -227,11 +277,13 @@ int cm_load_weights(cachemgr *c) {
         log_error("out of memory planning %zu reads", L.n_reads);
         goto out;
     }
-    uint64_t bytes = c->m.gguf.size - weights_file_offset(&c->m);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < L.n_reads; i++) bytes += L.reads[i].length;
     log_info("loading %.3f GB of weights through the io-worker (%zu reads in %zu batches)", (double)bytes / 1e9,
              L.n_reads, L.n_batches);
     double t0 = clock_seconds();
     rc = run(&L);
+    if (rc == 0 && c->budgeted && cm_ready_cache(c)) rc = -1;
     if (rc == 0) {
         double dt = clock_seconds() - t0;
         uint64_t gen = shm_generation(c->seg[SEG_WEIGHTS]);
@@ -241,6 +293,7 @@ int cm_load_weights(cachemgr *c) {
     }
 out:
     free(L.reads);
+    free(L.targets);
     free(L.batches);
     bus_close(L.sock);
     bus_ctx_free(ctx);

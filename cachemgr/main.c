@@ -21,7 +21,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cachemgr -m MODEL.gguf [-r RUNID] [-c N_CTX] [--cpu-workers N] [--max-prefill N] [--ffn MODE]\n"
-            "                [--predictor FILE] [--small-pages] [--check]\n"
+            "                [--predictor FILE] [--plan DIR] [--small-pages] [--check]\n"
             "Creates the run's shared-memory segments and loads the weights through the io-worker.\n"
             "  -m, --model FILE        the model the stack runs\n"
             "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
@@ -34,6 +34,9 @@ static void usage(FILE *f) {
             "                          else gate-first; other models dense), dense, gate-first, predictor\n"
             "      --predictor FILE    predictor side file (pi2-predictor build); without it, predictor mode\n"
             "                          uses a PWRI model's own fc1/fc2\n"
+            "      --plan DIR          run under the memory budget of pi2 plan's DIR (or its plan.pb): only the\n"
+            "                          preloaded tensors and the hot bundles in memory, the rest read from the\n"
+            "                          bundle file as needed (docs/offload.md); its ctx and FFN mode are the stack's\n"
             "      --small-pages       leave new segments on 4 KiB pages: start-up skips moving them into\n"
             "                          2 MiB pages (seconds for a 7B model), decode reads scattered rows slower\n"
             "      --check             only check: the model opens as the stack opens it, its tokenizer and\n"
@@ -46,7 +49,7 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-    const char *model, *runid, *predictor;
+    const char *model, *runid, *predictor, *plan;
     int n_ctx, cpu_workers, max_prefill, io_timeout_ms;
     bool small_pages, check;
     ffn_mode ffn;
@@ -54,12 +57,13 @@ typedef struct {
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR, OPT_SMALL_PAGES, OPT_CHECK };
+    enum { OPT_CPU = 256, OPT_PREFILL, OPT_TIMEOUT, OPT_FFN, OPT_PREDICTOR, OPT_PLAN, OPT_SMALL_PAGES, OPT_CHECK };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},         {"run", required_argument, 0, 'r'},
         {"ctx-size", required_argument, 0, 'c'},      {"cpu-workers", required_argument, 0, OPT_CPU},
         {"max-prefill", required_argument, 0, OPT_PREFILL}, {"io-timeout-ms", required_argument, 0, OPT_TIMEOUT},
         {"ffn", required_argument, 0, OPT_FFN},       {"predictor", required_argument, 0, OPT_PREDICTOR},
+        {"plan", required_argument, 0, OPT_PLAN},
         {"small-pages", no_argument, 0, OPT_SMALL_PAGES}, {"check", no_argument, 0, OPT_CHECK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -76,6 +80,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--io-timeout-ms", 10, 3600 * 1000, &o->io_timeout_ms)) return -1; break;
         case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, &o->ffn_auto)) return -1; break;
         case OPT_PREDICTOR: o->predictor = optarg; break;
+        case OPT_PLAN: o->plan = optarg; break;
         case OPT_SMALL_PAGES: o->small_pages = true; break;
         case OPT_CHECK: o->check = true; break;
         case 'h': usage(stdout); exit(0);
@@ -117,6 +122,40 @@ static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
     char desc[sizeof c->predictor_path + 64];
     ffn_mode_describe(desc, sizeof desc, want, o->predictor ? c->predictor_path : NULL, sizeof c->predictor_path);
     log_info("FFN mode of the stack: %s", desc);
+    return 0;
+}
+
+/* --plan: the plan's layout; its context and FFN mode become the stack's
+ * (a command line that asks for others is refused, not overridden). */
+static int open_plan(options *o, cachemgr *c) {
+    char plan[PATH_MAX], err[1024];
+    if (!realpath(o->plan, plan)) {
+        log_error("plan %s: %s", o->plan, strerror(errno));
+        return -1;
+    }
+    if (offload_open(&c->off, &c->m, c->model_path, plan, false, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    c->budgeted = true;
+    const Pi2__Plan *p = c->off.plan;
+    if (o->n_ctx && o->n_ctx != (int)p->ctx) {
+        log_error("-c %d: the plan %s was made for a context of %u (make another with pi2 plan --ctx)", o->n_ctx,
+                  c->off.plan_path, p->ctx);
+        return -1;
+    }
+    o->n_ctx = (int)p->ctx;
+    if (!o->ffn_auto && o->ffn != c->off.mode) {
+        log_error("--ffn %s: the plan %s is for %s mode", ffn_mode_name(o->ffn), c->off.plan_path,
+                  ffn_mode_name(c->off.mode));
+        return -1;
+    }
+    o->ffn_auto = false;
+    o->ffn = c->off.mode;
+    if (c->off.side_predictor && !o->predictor) o->predictor = p->predictor;
+    log_info("plan %s: budget %.1f MiB (preload %.1f, hot %.1f, cold %u slots = %.1f MiB); bundles from %s",
+             c->off.plan_path, p->budget_bytes / 1048576.0, c->off.preload_bytes / 1048576.0,
+             c->off.hot_bytes / 1048576.0, c->off.cold_slots, c->off.cold_bytes / 1048576.0, c->off.bundle_path);
     return 0;
 }
 
@@ -170,11 +209,16 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         return 1;
     }
+    if (o.plan && open_plan(&o, &c)) {
+        model_free(&c.m);
+        return EXIT_CONFIG;
+    }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
     int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : o.check ? cm_preflight(&c) : start(&c);
     cm_beat(&c, PROC_DEAD);
     cm_close_segments(&c);
+    offload_close(&c.off);
     model_free(&c.m);
     return status;
 }

@@ -16,7 +16,7 @@ typedef struct {
     enum shm_kind kind;
     unsigned create_flags;
     int n;
-    struct shm_region_spec regions[2];
+    struct shm_region_spec regions[3];
 } segment_spec;
 
 /* What every segment must hold for this model and these parameters. */
@@ -31,6 +31,16 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
     out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 0, 1, {{"act", act.total, SHM_ALIGN_PAGE}}};
     out[SEG_CTL] = (segment_spec){STACK_SEG_CTL, SHM_KIND_CONTROL, 0, 1,
                                   {{"ctl", sizeof(stack_ctl), SHM_ALIGN_CACHELINE}}};
+    out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 0, {{0}}};
+    if (c->budgeted) {
+        const offload *o = &c->off;
+        out[SEG_WEIGHTS].regions[0].size = o->preload_bytes;
+        /* prefaulted: cold slots are filled on the token path, where a first touch costs most */
+        out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 3,
+                                      {{"hot", offload_hot_region_bytes(o), SHM_ALIGN_PAGE},
+                                       {"cold", o->cold_bytes, SHM_ALIGN_PAGE},
+                                       {"table", o->table_bytes, SHM_ALIGN_CACHELINE}}};
+    }
     for (int i = 0; i < SEG_COUNT && c->small_pages; i++) out[i].create_flags |= SHM_CREATE_SMALL_PAGES;
 }
 
@@ -125,7 +135,7 @@ static void log_prefault(int created, uint64_t bytes, double seconds) {
 int cm_open_segments(cachemgr *c) {
     char names[SEG_COUNT][SHM_NAME_MAX], err[512];
     segment_spec specs[SEG_COUNT];
-    const char *whats[SEG_COUNT] = {STACK_SEG_WEIGHTS, STACK_SEG_KV, STACK_SEG_ACT, STACK_SEG_CTL};
+    const char *whats[SEG_COUNT] = {STACK_SEG_WEIGHTS, STACK_SEG_KV, STACK_SEG_ACT, STACK_SEG_FFN, STACK_SEG_CTL};
     for (int i = 0; i < SEG_COUNT; i++)
         if (seg_name(c, whats[i], names[i], sizeof names[i])) return -1;
 
@@ -140,17 +150,25 @@ int cm_open_segments(cachemgr *c) {
             shm_detach(ctl_seg);
             return -1;
         }
+        const char *plan = c->budgeted ? c->off.plan_path : "";
+        if (strncmp(ctl->plan_path, plan, sizeof ctl->plan_path)) {
+            log_error("run '%s' exists with plan '%s', not '%s' (stop it with `pi2 down` first)", c->runid,
+                      ctl->plan_path, plan);
+            shm_detach(ctl_seg);
+            return -1;
+        }
         if (memcmp(&ctl->params, &c->params, sizeof c->params))
             log_warn("keeping the run's parameters (n_ctx %d, %d cpu-workers, max prefill %d) over the command line's",
                      ctl->params.n_ctx, ctl->params.n_cpu_workers, ctl->params.max_prefill);
         c->params = ctl->params;
         segment_specs(c, &c->params, specs);
         for (int i = 0; i < SEG_CTL; i++) {
+            if (specs[i].n == 0) continue;
             c->seg[i] = attach_matching(names[i], &specs[i]);
             if (c->seg[i]) continue;
             if (!(c->seg[i] = create(names[i], &specs[i], &prefault_s, &prefault_bytes))) goto fail;
             created++;
-            if (i == SEG_WEIGHTS) atomic_store(&ctl->weights_ready, 0);
+            if (i == SEG_WEIGHTS || i == SEG_FFN) atomic_store(&ctl->weights_ready, 0);
         }
         log_info("re-attached run '%s' (weights_ready %llu)", c->runid,
                  (unsigned long long)atomic_load(&ctl->weights_ready));
@@ -158,13 +176,15 @@ int cm_open_segments(cachemgr *c) {
         segment_specs(c, &c->params, specs);
         /* The control segment last: its presence tells the others the set is complete. */
         for (int i = 0; i < SEG_COUNT; i++) {
+            if (specs[i].n == 0) continue;
             if (!(c->seg[i] = create(names[i], &specs[i], &prefault_s, &prefault_bytes))) goto fail;
             created++;
         }
         ctl_seg = c->seg[SEG_CTL];
         c->seg[SEG_CTL] = NULL;
         ctl = shm_region_ptr(ctl_seg, "ctl", NULL);
-        ctl_init(ctl, &c->params, c->model_path, c->m.gguf.size, c->predictor_path);
+        ctl_init(ctl, &c->params, c->model_path, c->m.gguf.size, c->predictor_path,
+                 c->budgeted ? c->off.plan_path : NULL);
     }
     c->seg[SEG_CTL] = ctl_seg;
     c->ctl = ctl;

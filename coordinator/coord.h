@@ -57,6 +57,8 @@ typedef struct {
     bool prefill_done;
     uint32_t prefill_layers;                     /* layers the npu-worker reported done (PrefillProgress) */
     bool failed;                                 /* a worker answered TASK_FAILED */
+    char error[1024];                            /* a worker's TASK_ERROR (or the npu-worker's error): why
+                                                  * the step cannot be done; ends the generation */
     int64_t progress_ms;                         /* last completion or progress report */
 } step_state;
 

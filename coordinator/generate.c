@@ -133,6 +133,7 @@ static int request_mode(coord *c, ffn_mode *mode) {
 static void error_text(const coord *c, int code, char *buf, size_t len) {
     switch (code) {
     case PI2__ERROR_CODE__SHUTTING_DOWN: snprintf(buf, len, "the stack is shutting down"); return;
+    case PI2__ERROR_CODE__STORAGE: snprintf(buf, len, "%s", c->step.error); return;
     case PI2__ERROR_CODE__WORKER_LOST: break;
     default: snprintf(buf, len, "a step of the generation kept failing (see the coordinator's log)"); return;
     }
@@ -165,7 +166,7 @@ void generate_serve(coord *c) {
         if (!rc) rc = decode(c, n_prompt, mode, &res);
         double t2 = clock_seconds() * 1e3;
         if (rc) {
-            char why[256];
+            char why[sizeof c->step.error + 64];
             error_text(c, rc, why, sizeof why);
             log_error("session %llu: %s", (unsigned long long)c->session, why);
             client_send_error(c, r->client, r->client_len, rc, "%s", why);

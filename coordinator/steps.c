@@ -46,7 +46,7 @@ static int wait_until(coord *c, bool (*ready)(const coord *), int timeout_ms) {
     return 0;
 }
 
-enum { AWAIT_DONE, AWAIT_RETRY, AWAIT_STOP };
+enum { AWAIT_DONE, AWAIT_RETRY, AWAIT_STOP, AWAIT_ERROR };
 
 /* Waits for the step just sent; faults_before: step_faults() when it was sent. */
 static int await_step(coord *c, uint64_t faults_before) {
@@ -54,6 +54,7 @@ static int await_step(coord *c, uint64_t faults_before) {
     for (;;) {
         if (step_complete(c)) return AWAIT_DONE;
         if (*c->stop) return AWAIT_STOP;
+        if (s->error[0]) return AWAIT_ERROR; /* re-sending cannot help */
         if (s->failed) return AWAIT_RETRY;
         if (step_faults(c) != faults_before) return AWAIT_RETRY;
         /* judged by progress, never by the length of the whole step: a
@@ -150,6 +151,7 @@ static int run_step(coord *c, bool on_npu, int n_tasks, int (*send)(coord *, con
         if (st == AWAIT_DONE) return 0;
         coord_new_epoch(c); /* surviving workers leave their barriers and drop the rest of the step */
         if (st == AWAIT_STOP) return PI2__ERROR_CODE__SHUTTING_DOWN;
+        if (st == AWAIT_ERROR) return PI2__ERROR_CODE__STORAGE;
         log_warn("%s step aborted (epoch now %u): it will be re-sent from layer 0", on_npu ? "prefill" : "decode",
                  c->epoch);
     }

@@ -167,6 +167,11 @@ static void on_task_done(coord *c, worker *w, const Pi2__TaskDone *d) {
                  (unsigned long long)d->task_seq, s->n_done[i]);
         return;
     }
+    if (d->status == PI2__TASK_STATUS__TASK_ERROR) {
+        log_error("%s cannot run layer %u: %s", w->name, d->layer, d->error);
+        snprintf(s->error, sizeof s->error, "%s", d->error && *d->error ? d->error : "a worker failed");
+        return;
+    }
     if (d->status != PI2__TASK_STATUS__TASK_OK) {
         log_warn("%s failed layer %u", w->name, d->layer);
         s->failed = true;
@@ -221,6 +226,8 @@ void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) 
         break;
     case PI2__ENVELOPE__BODY_ERROR:
         log_warn("%s reports error %d: %s", w->name, env->error->code, env->error->message);
+        if (is_npu && c->step.active && c->step.on_npu && env->error->ref_seq == c->step.prefill_seq)
+            snprintf(c->step.error, sizeof c->step.error, "prefill: %s", env->error->message);
         return;
     case PI2__ENVELOPE__BODY_STATS: return;
     default: break;

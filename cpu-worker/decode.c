@@ -12,6 +12,7 @@
 #include "util/log.h"
 #include "phase_clock.h"
 #include "engine/predictor.h"
+#include "ffn_offload.h"
 #include "kernels/sparse_kernels.h"
 #include "stack/worker_link.h"
 #include "util/threadpool.h"
@@ -51,6 +52,8 @@ struct decoder {
     predictor *pred;              /* loaded when the stack's mode is FFN_PREDICTOR */
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
+    ffn_offload *offload;         /* under a memory budget: the FFN rows come from the neuron cache */
+    char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
 };
 
@@ -260,17 +263,20 @@ static int share_predictor_hidden(decoder *d, const decode_step *s) {
     return 0;
 }
 
-/* C, chunked: the task's neuron chunks -> their partials in act. */
+/* C, chunked: the task's neuron chunks -> their partials in act. 0, -1 or DECODE_ERROR. */
 static int step_ffn_chunks(decoder *d, const decode_step *s) {
     const model *m = d->m;
     const int l = s->layer;
     const layer_weights *w = &m->layers[l];
     rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
-    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv},
+    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv, NULL},
                     0, s->epoch};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
+    if (d->offload)
+        return ffn_offload_run(d->offload, &j.f, s->chunks, s->n_chunks, d->partials, d->pool, d->scratch, s->epoch,
+                               d->error, sizeof d->error) < 0 ? DECODE_ERROR : 0;
     j.tag = ctl_barrier_tag(d->ctl); /* after the step's last barrier: the same in every worker */
     chunk_queue_publish(chunk_queue_at(d->queues, d->n_chunks, d->index), j.tag, s->chunks, s->n_chunks);
     pool_run(d->pool, chunks_worker, &j);
@@ -304,6 +310,7 @@ static void step_output(decoder *d) {
 bool decoder_ffn_chunked(const decoder *d, ffn_mode mode) { return ffn_mode_chunked(d->m, mode); }
 
 bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
+    if (d->offload) return mode == d->sv->off.mode; /* the plan's mode: the FFN rows are not all here */
     if (!decoder_ffn_chunked(d, mode)) return true;
     if (ffn_mode_refusal(d->m, mode, d->pred != NULL)) return false;
     if (d->m->layers[0].down_t.data) return true;
@@ -324,7 +331,8 @@ int decoder_run(decoder *d, const decode_step *s) {
     step_attn_output(d, layer);
     if (barrier(d, s->epoch, PHASE_ATTN_OUT)) return -1;
     if (chunked) {
-        if (step_ffn_chunks(d, s)) return -1;
+        int rc = step_ffn_chunks(d, s);
+        if (rc) return rc;
     } else {
         step_ffn_act(d, layer);
     }
@@ -336,8 +344,21 @@ int decoder_run(decoder *d, const decode_step *s) {
 
 void decoder_set_chunk_delay(decoder *d, long us) { d->chunk_delay_us = us; }
 
+const char *decoder_error(const decoder *d) { return d->error; }
+
+static void log_offload_stats(const decoder *d, const char *who) {
+    const ffn_offload_stats *st = ffn_offload_get_stats(d->offload);
+    const double found = (double)(st->hot + st->cold_hits + st->misses), tokens = st->tokens ? (double)st->tokens : 1;
+    log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.0f bundles, %.2f MB "
+             "per token); FFN %.2f ms per token, %.2f of it waiting for reads",
+             who, (unsigned long long)st->tokens, found ? 100 * st->hot / found : 0,
+             found ? 100 * st->cold_hits / found : 0, found ? 100 * st->misses / found : 0, st->misses / tokens,
+             st->bytes_read / tokens / 1e6, st->ffn_us / tokens / 1e3, st->wait_us / tokens / 1e3);
+}
+
 void decoder_log_stats(const decoder *d, const char *who) {
     phase_clock_log(&d->clock, who);
+    if (d->offload) log_offload_stats(d, who);
     if (d->steal) log_info("%s took %llu chunks from other workers", who, (unsigned long long)atomic_load(&d->stolen));
 }
 
@@ -376,13 +397,15 @@ static int build_down_t(decoder *d) {
     return 0;
 }
 
-static int sparse_setup(decoder *d) {
+static int sparse_setup(decoder *d, const char *runid, const char *name) {
     const model *m = d->m;
     const stack_ctl *ctl = d->sv->ctl;
     ffn_mode mode = (ffn_mode)ctl->params.ffn_mode;
     d->n_chunks = ffn_chunk_count(m);
-    d->steal = d->n_workers > 1 && m->layers[0].down_t.data && d->n_chunks <= CHUNK_QUEUE_MAX;
-    if (mode != FFN_DENSE && !m->layers[0].down_t.data && build_down_t(d)) return -1;
+    /* under a budget a worker computes its own chunks: their rows are pinned by the worker that asked for them */
+    d->steal = !d->sv->budgeted && d->n_workers > 1 && m->layers[0].down_t.data && d->n_chunks <= CHUNK_QUEUE_MAX;
+    if (d->sv->budgeted && !(d->offload = ffn_offload_new(d->sv, runid, name))) return -1;
+    if (mode != FFN_DENSE && !d->sv->budgeted && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];
     d->pred = predictor_load(m, ctl->predictor_path[0] ? ctl->predictor_path : NULL, err, sizeof err);
@@ -401,7 +424,7 @@ static int sparse_setup(decoder *d) {
     return bad ? -1 : 0;
 }
 
-decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
+decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads) {
     decoder *d = calloc(1, sizeof *d);
     if (!d) { log_error("out of memory"); return NULL; }
     const model *m = &sv->m;
@@ -453,7 +476,7 @@ decoder *decoder_new(const stack_view *sv, int index, int n_threads) {
         decoder_free(d);
         return NULL;
     }
-    if (sparse_setup(d)) {
+    if (sparse_setup(d, runid, name)) {
         decoder_free(d);
         return NULL;
     }
@@ -466,6 +489,7 @@ void decoder_free(decoder *d) {
         for (size_t i = 0; i < (size_t)d->m->n_layer * (size_t)d->n_chunks; i++) free((void *)d->down_t[i].data);
     free(d->down_t);
     predictor_free(d->pred);
+    ffn_offload_free(d->offload);
     free(d->pred_conv.f16); free(d->pred_conv.q8);
     if (d->scratch)
         for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);

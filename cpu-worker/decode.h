@@ -22,7 +22,8 @@ typedef struct decoder decoder;
 
 /* Worker `index` of the stack's n_cpu_workers, computing with n_threads.
  * Private scratch is allocated here, once. NULL on allocation failure (logged). */
-decoder *decoder_new(const stack_view *sv, int index, int n_threads);
+/* name: this worker's ("cpu-worker.<index>"), its identity to the io-worker under a budget. */
+decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads);
 void decoder_free(decoder *d);
 
 /* One task. The FFN is chunked (ffn_chunks.h) unless mode is FFN_DENSE on a
@@ -44,15 +45,19 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk);
 
 /* layer < n_layer: that layer for the token at pos; layer == n_layer: the
  * output rows. Returns 0 when done, -1 when abandoned (epoch changed or a
- * barrier timed out). */
+ * barrier timed out), DECODE_ERROR when it cannot be done at all (under a
+ * budget, weights that could not be read): decoder_error says why. */
+#define DECODE_ERROR (-2)
 int decoder_run(decoder *d, const decode_step *s);
+const char *decoder_error(const decoder *d);
 
 /* Sleep us after each batch of this worker's own FFN chunks: a slow core,
  * for experiments and tests of the chunk stealing (PI2_CHUNK_DELAY). */
 void decoder_set_chunk_delay(decoder *d, long us);
 
-/* Logs how many chunks this worker took from others, and where the decode
- * time went when PI2_PHASE_TIMES=1 (phase_clock.h). */
+/* Logs how many chunks this worker took from others, the neuron cache's
+ * counts under a budget, and where the decode time went when
+ * PI2_PHASE_TIMES=1 (phase_clock.h). */
 void decoder_log_stats(const decoder *d, const char *who);
 
 #endif

@@ -61,7 +61,7 @@ typedef struct {
     int32_t *chunks; /* [ffn_chunk_count]: a task's chunk list */
 } worker;
 
-static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, uint64_t time_us) {
+static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, uint64_t time_us, const char *error) {
     const Pi2__DecodeTask *t = req->decode_task;
     Pi2__TaskDone done = PI2__TASK_DONE__INIT;
     done.task_seq = req->seq;
@@ -71,6 +71,7 @@ static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, u
     done.out_length = t->out_length;
     done.time_us = time_us;
     done.status = status;
+    done.error = (char *)(error ? error : "");
     Pi2__Envelope env;
     msg_envelope_init(&env, 0, req->session);
     env.body_case = PI2__ENVELOPE__BODY_TASK_DONE;
@@ -131,12 +132,12 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
     uint32_t current = (uint32_t)atomic_load(&w->sv->ctl->epoch);
     if (t->epoch != current) {
         log_debug("dropped layer %u task of epoch %u (now %u)", t->layer, t->epoch, current);
-        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0);
+        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0, NULL);
         return;
     }
     decode_step step;
     if (task_step(w, t, &step)) {
-        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0);
+        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, 0, NULL);
         return;
     }
     if (w->o->task_delay_us) usleep((useconds_t)w->o->task_delay_us);
@@ -145,14 +146,19 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
     int rc = decoder_run(w->dec, &step);
     uint64_t took = clock_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
+    if (rc == DECODE_ERROR) {
+        log_error("layer %u task at position %u: %s", t->layer, t->position, decoder_error(w->dec));
+        reply(w, req, PI2__TASK_STATUS__TASK_ERROR, took, decoder_error(w->dec));
+        return;
+    }
     if (rc) {
         log_info("layer %u task at position %u abandoned (epoch %u ended or a barrier timed out)", t->layer,
                  t->position, t->epoch);
-        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, took);
+        reply(w, req, PI2__TASK_STATUS__TASK_FAILED, took, NULL);
         return;
     }
     if ((int)t->layer == w->sv->m.n_layer) atomic_fetch_add(&w->link->row->tokens_served, 1);
-    if (!t->quiet) reply(w, req, PI2__TASK_STATUS__TASK_OK, took);
+    if (!t->quiet) reply(w, req, PI2__TASK_STATUS__TASK_OK, took, NULL);
 }
 
 int main(int argc, char **argv) {
@@ -174,10 +180,10 @@ int main(int argc, char **argv) {
     }
     long chunk_delay_us;
     if (chunk_delay_for(o.index, &chunk_delay_us)) goto out;
-    if (!(dec = decoder_new(&sv, o.index, o.n_threads))) goto out;
-    decoder_set_chunk_delay(dec, chunk_delay_us);
     char name[32];
     snprintf(name, sizeof name, "cpu-worker.%d", o.index);
+    if (!(dec = decoder_new(&sv, o.runid, name, o.index, o.n_threads))) goto out;
+    decoder_set_chunk_delay(dec, chunk_delay_us);
     if (worker_link_open(&link, sv.ctl, o.runid, name, PI2__PROCESS_KIND__CPU, (uint32_t)o.index,
                          (uint32_t)o.n_threads))
         goto out;

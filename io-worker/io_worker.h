@@ -8,7 +8,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bundle_loader.h"
 #include "stack/bus.h"
+#include "stack/msg.h"
+#include "stack/offload.h"
 #include "stack/proc_stop.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
@@ -32,6 +35,21 @@ typedef struct {
     int64_t next_ctl_try_ms;
     bool fatal;                /* the control block belongs to another model */
     enum proc_state state;
+
+    /* a stack under a memory budget (the control block names a plan): the
+     * bundle file behind a second ring, the neuron cache segment */
+    bool budgeted;             /* opened: off, bundle_reader, ffn_seg, hot */
+    model m;                   /* the plan's checks need it; metadata only */
+    offload off;
+    uring_reader *bundle_reader;
+    shm_segment *ffn_seg;
+    uint8_t *hot;              /* its "hot" region */
+    uint64_t hot_bytes;
+    ncache *cache;             /* attached once cachemgr has laid the table out */
+    bundle_loader loader;
+    int queue_depth;
+    uint64_t bundle_fault_left;/* PI2_BUNDLE_FAULT: reads still to spoil (a test-only switch) */
+    int bundle_fault_kind;
 } io_worker;
 
 /* One attempt to (re)attach the weights segment; 0 or -1 (reason logged at debug level). */
@@ -41,6 +59,17 @@ int iow_wait_weights(io_worker *w, int timeout_ms);
 /* Beats our control-block row, attaching the control segment first when it appears. */
 void iow_beat(void *w);
 void iow_detach(io_worker *w);
+
+/* Budgeted stacks: opens the plan, the bundle file and the neuron cache
+ * segment when the control block names a plan (again when the segment was
+ * replaced). 0 when ready (or not budgeted), -1 (logged) otherwise. */
+int iow_open_offload(io_worker *w);
+/* The slot table, once cachemgr made it: 0, or -1 when not (yet) there. */
+int iow_attach_cache(io_worker *w);
+void iow_close_offload(io_worker *w);
+/* A cpu-worker's BundleLoad, answered with BundleLoaded. */
+void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req);
+void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env);
 
 /* Handles one received message: an IoReadBatch is read and answered with IoComplete;
  * anything else is dropped with a WARN. */

@@ -20,7 +20,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N]\n"
             "Reads the model file into the run's weights segment with io_uring (O_DIRECT), serving\n"
-            "IoReadBatch requests on the run's \"io\" endpoint.\n"
+            "IoReadBatch requests on the run's \"io\" endpoint; under a memory budget also the plan's bundle\n"
+            "file into the neuron cache (BundleLoad from the cpu-workers, docs/offload.md).\n"
             "  -m, --model FILE       the model the stack runs\n"
             "  -r, --run RUNID        run id (default: $PI2_RUN, else \"default\")\n"
             "  -q, --queue-depth N    io_uring entries, reads in flight (default 32)\n"
@@ -97,7 +98,8 @@ int main(int argc, char **argv) {
     proc_stop_on_signals();
 
     const char *delay = getenv("PI2_IO_DELAY_US");
-    io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0};
+    io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0,
+                   .queue_depth = o.queue_depth};
     if (!realpath(o.model, w.model_path)) {
         log_error("model %s: %s", o.model, strerror(errno));
         return 1;
@@ -115,6 +117,7 @@ int main(int argc, char **argv) {
 out:
     bus_close(w.sock);
     bus_ctx_free(ctx);
+    iow_close_offload(&w);
     iow_detach(&w);
     uring_reader_close(w.reader);
     return status;

@@ -10,7 +10,7 @@
 #include "util/log.h"
 #include "stack/msg.h"
 
-static void reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
+void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
     size_t len;
     uint8_t *bytes = msg_pack_alloc(env, &len);
     if (!bytes) {
@@ -33,7 +33,7 @@ static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelo
     e.ref_seq = req->seq;
     env.body_case = PI2__ENVELOPE__BODY_ERROR;
     env.error = &e;
-    reply(w, m, &env);
+    iow_reply(w, m, &env);
 }
 
 /* Lets a test kill the io-worker while a batch is in its hands; beats meanwhile. */
@@ -66,12 +66,14 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
     if (!have_weights) {
         for (size_t i = 0; i < n; i++) results[i] = -ESTALE;
     } else {
+        const bool hot = b->target == PI2__IO_TARGET__IO_TARGET_HOT;
+        uint8_t *dest = hot ? w->hot : w->data;
         for (size_t i = 0; i < n; i++)
             jobs[i] = (io_job){.file_offset = b->reads[i]->file_offset, .length = b->reads[i]->length,
-                               .dest = w->data + b->reads[i]->slot_offset};
+                               .dest = dest + b->reads[i]->slot_offset};
         w->state = PROC_BUSY;
         pause_for_tests(w);
-        uring_reader_run(w->reader, jobs, n, iow_beat, w);
+        uring_reader_run(hot ? w->bundle_reader : w->reader, jobs, n, iow_beat, w);
         w->state = PROC_READY;
         for (size_t i = 0; i < n; i++) {
             results[i] = jobs[i].result;
@@ -91,7 +93,7 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
     done.time_us = us;
     env.body_case = PI2__ENVELOPE__BODY_IO_COMPLETE;
     env.io_complete = &done;
-    reply(w, m, &env);
+    iow_reply(w, m, &env);
     free(jobs);
     free(results);
 }
@@ -109,18 +111,27 @@ void iow_serve(io_worker *w, const struct bus_msg *m) {
         log_warn("dropped a message from '%.*s': %s", peer_len, peer, err);
         return;
     }
-    if (env->body_case != PI2__ENVELOPE__BODY_IO_READ_BATCH) {
-        log_warn("dropped a %s from '%.*s': the io-worker only serves IoReadBatch", msg_body_name(env->body_case),
-                 peer_len, peer);
+    if (env->body_case != PI2__ENVELOPE__BODY_IO_READ_BATCH && env->body_case != PI2__ENVELOPE__BODY_BUNDLE_LOAD) {
+        log_warn("dropped a %s from '%.*s': the io-worker serves IoReadBatch and BundleLoad",
+                 msg_body_name(env->body_case), peer_len, peer);
         msg_free(env);
         return;
     }
     bool have_weights = ensure_fresh_weights(w) == 0;
-    /* Every read must lie inside the model file and inside the weights region. */
+    iow_open_offload(w); /* under a budget: the bundle file and the neuron cache */
+    /* Every read must lie inside its file and its destination; bundles inside the bundle file. */
     msg_limits lim = {.model_file_size = uring_reader_file_size(w->reader), .weight_segment_size = w->data_bytes};
+    if (w->budgeted) {
+        lim.n_layer = (uint32_t)w->m.n_layer;
+        lim.n_bundles = (uint32_t)w->off.n_bundles;
+        lim.bundle_file_size = uring_reader_file_size(w->bundle_reader);
+        lim.hot_region_size = w->hot_bytes;
+    }
     if (msg_validate(env, &lim, err, sizeof err)) {
-        log_warn("refused an IoReadBatch from '%.*s': %s", peer_len, peer, err);
+        log_warn("refused a %s from '%.*s': %s", msg_body_name(env->body_case), peer_len, peer, err);
         reply_error(w, m, env, PI2__ERROR_CODE__INVALID, err);
+    } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOAD) {
+        iow_bundle_load(w, m, env);
     } else {
         read_batch(w, m, env, have_weights);
     }

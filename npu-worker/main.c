@@ -116,6 +116,10 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     int rc = prefiller_run(w->pf, w->tokens, (int)r->n_tokens, (int)r->first_position, r->epoch, tick, &pc);
     uint64_t took = clock_us() - t0;
     worker_link_set_state(w->link, PROC_READY);
+    if (rc == PREFILL_ERROR) {
+        send_error(w, req, PI2__ERROR_CODE__STORAGE, prefiller_error(w->pf));
+        return;
+    }
     if (rc) {
         log_info("prefill of %u tokens abandoned: epoch %u ended", r->n_tokens, r->epoch);
         return;

@@ -12,8 +12,11 @@
 
 typedef struct prefiller prefiller;
 
-/* Scratch for up to the stack's max_prefill tokens, allocated once. NULL on failure (logged). */
-prefiller *prefiller_new(const stack_view *sv, int n_threads);
+/* Scratch for up to the stack's max_prefill tokens, allocated once; under
+ * a memory budget also the two layers of staging the FFN weights stream
+ * through (engine/ffn_stream.h), which then repoints sv's model's FFN
+ * tensors layer by layer. NULL on failure (logged). */
+prefiller *prefiller_new(stack_view *sv, int n_threads);
 void prefiller_free(prefiller *p);
 
 /* Called after each layer with the layers done so far (the caller's heartbeat
@@ -21,7 +24,10 @@ void prefiller_free(prefiller *p);
 typedef void (*prefill_tick)(void *ctx, int layers_done);
 
 /* tokens[0..n) (ids < n_vocab, n <= max_prefill) at positions first, first+1, ...
- * Returns 0, or -1 if the control block's epoch left `epoch` (abandoned). */
+ * Returns 0, -1 if the control block's epoch left `epoch` (abandoned), or
+ * PREFILL_ERROR when the weights could not be read (prefiller_error says why). */
+#define PREFILL_ERROR (-2)
+const char *prefiller_error(const prefiller *p);
 int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,
                   void *tick_ctx);
 

@@ -15,7 +15,8 @@
 /* The processes' own memory, each: anonymous RSS 0.6-4.9 MiB and 5.6-11
  * MiB of mapped files (libraries, mostly shared), measured on a running
  * stack (docs/planner.md); plus the npu-worker's prompt buffers, which grow
- * with the model and the stack's max-prefill (PREFILL_TOKENS): prompt_pass_bytes. */
+ * with the model and the stack's max-prefill (PREFILL_TOKENS unless the
+ * stack config sets max-prefill=N): prompt_pass_bytes. */
 #define PROCESS_BYTES_EACH (8ull << 20)
 #define PREFILL_TOKENS 512
 /* The share of the cache that is cold slots (LRU) rather than pinned hot bundles. */
@@ -27,6 +28,8 @@ typedef struct {
     int ctx;
     int n_processes;   /* in the stack */
     int threads;       /* decode compute threads in all */
+    int max_prefill;   /* prompt tokens per prefill step */
+    int cpu_workers;   /* each holds its own Q8_0 copy of an F16/F32 predictor */
     uint64_t side_predictor_bytes; /* a pi2-predictor side file's size, 0: the model's own fc1/fc2 */
     const hw_profile *hw;
 } layout_inputs;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layout.h"
 #include "util/log.h"
 
 static void add_placement(stack_conf *c, const char *line) {
@@ -15,6 +16,7 @@ static void add_placement(stack_conf *c, const char *line) {
 
 int stack_conf_read(const char *path, stack_conf *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
+    c->max_prefill = PREFILL_TOKENS;
     if (!path) {
         c->n_processes = 6, c->cpu_workers = 2, c->threads = 2;
         add_placement(c, "npu-worker cpus=0-1 threads=2");
@@ -34,6 +36,15 @@ int stack_conf_read(const char *path, stack_conf *c, char *err, size_t errlen) {
         line[strcspn(line, "\r\n")] = '\0';
         char name[64];
         if (sscanf(line, " %63s", name) != 1 || name[0] == '#') continue;
+        if (!strncmp(name, "max-prefill=", 12)) { /* the stack's prompt buffers are sized for it */
+            if (sscanf(name + 12, "%d", &c->max_prefill) != 1 || c->max_prefill < 1 || c->max_prefill > 65536) {
+                err_set(err, errlen, "%s:%d: max-prefill= is not a number in 1..65536", path, no);
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        if (strchr(name, '=')) continue; /* ctx=, prefill-stall=: not the planner's */
         int threads = 1;
         const char *t = strstr(line, "threads=");
         if (t && (sscanf(t, "threads=%d", &threads) != 1 || threads < 1 || threads > 1024)) {

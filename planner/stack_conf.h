@@ -11,6 +11,7 @@ typedef struct {
     int n_processes;
     int cpu_workers;
     int threads;          /* decode threads of all cpu-workers */
+    int max_prefill;      /* prompt tokens per prefill step: max-prefill=N, else the stack's default */
     char placement[1024]; /* the npu-worker and cpu-worker lines */
 } stack_conf;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pi2: the supervisor of the pi2 stack (docs/supervisor.md).
 #   pi2 up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
-#          [--small-pages]
+#          [--small-pages] [--mem-budget SIZE | --plan DIR]
 #   pi2 down [-r RUN]
 #   pi2 status [-r RUN]
 #   pi2 restart PROC [-r RUN]
@@ -31,12 +31,14 @@ usage() {
     cat <<'EOF'
 usage: pi2 COMMAND [options]          (RUN: -r RUN, default $PI2_RUN or "default")
   up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
-     [--small-pages]
+     [--small-pages] [--mem-budget SIZE | --plan DIR]
                      start the stack of STACK.conf (default: configs/default.conf) on MODEL and
                      return when the weights are loaded and every process beats (timeout 120 s).
                      --ffn: auto (default: sparse on ReLU models, with the model's or FILE's
                      predictor if there is one, else gate-first), dense, gate-first, predictor
                      --small-pages: keep the segments on 4 KiB pages (faster start, slower decode)
+                     --plan DIR: run within the memory budget of a pi2 plan (docs/offload.md);
+                     --mem-budget SIZE (2G, 1536M, 50%): plan it first (kept for the next up)
   down [-r RUN]      stop every process, remove the segments and the run directory (idempotent)
   status [-r RUN]    per process: pid, CPU list, threads, state, heartbeat age, RSS, tokens, restarts
   restart PROC       stop PROC (e.g. cpu-worker.1); the supervisor starts it again at once
@@ -81,7 +83,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
 MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
@@ -209,8 +211,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\n' \
-            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
+            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
         printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
@@ -284,6 +286,7 @@ proc_command() { # fills CMD for process i
         if [ -n "$CFG_FFN" ]; then CMD+=(--ffn "$CFG_FFN"); fi
         if [ -n "$CFG_PREDICTOR" ]; then CMD+=(--predictor "$CFG_PREDICTOR"); fi
         if [ -n "$CFG_SMALL_PAGES" ]; then CMD+=(--small-pages); fi
+        if [ -n "$CFG_PLAN" ]; then CMD+=(--plan "$CFG_PLAN"); fi
         ;;
     io-worker) CMD=("$BIN_DIR/io-worker" "${base[@]}") ;;
     coordinator)
@@ -620,10 +623,31 @@ preflight() {
     read -r MEM_NEED MEM_LIMIT MEM_SOURCE <<<"$out"
 }
 
+# --mem-budget without --plan: the plan for this model, budget, context and
+# stack config, made once by the planner (its progress on stderr) and kept
+# in the cache directory for the next `pi2 up` with the same request.
+plan_for_budget() {
+    local budget=$1 conf=$2 ctx=$3 key dir
+    key=$(printf '%s|%s|%s|%s|%s|%s|%s' "$MODEL" "$(stat -c %s "$MODEL")" "$budget" "$ctx" "$(cat "$conf")" \
+        "$CFG_FFN" "$CFG_PREDICTOR" | sha256sum | cut -c1-16)
+    dir=${XDG_CACHE_HOME:-$HOME/.cache}/pi2/plans/$(basename "$MODEL")-$budget-$key
+    if [ ! -r "$dir/plan.pb" ]; then
+        local args=(-m "$MODEL" --mem-budget "$budget" -c "$conf" -o "$dir")
+        if [ -n "$ctx" ]; then args+=(--ctx "$ctx"); fi
+        case $CFG_FFN in predictor | gate-first) args+=(--mode "$CFG_FFN") ;; esac
+        if [ -n "$CFG_PREDICTOR" ]; then args+=(--predictor "$CFG_PREDICTOR"); fi
+        echo "pi2: planning $(basename "$MODEL") for $budget (once; kept in $dir)" >&2
+        "$BIN_DIR/planner" "${args[@]}" >&2 || die "up: --mem-budget $budget: the planner could not make a plan (above)"
+    fi
+    CFG_PLAN=$dir
+}
+
 cmd_up() {
-    local model="" conf="" ctx="" no_npu=0 timeout_s=120
+    local model="" conf="" ctx="" no_npu=0 timeout_s=120 budget=""
     while [ $# -gt 0 ]; do
         case $1 in
+        --plan) CFG_PLAN=$2; shift 2 ;;
+        --mem-budget) budget=$2; shift 2 ;;
         -m) model=$2; shift 2 ;;
         -c) conf=$2; shift 2 ;;
         -r) set_run "$2"; shift 2 ;;
@@ -656,6 +680,13 @@ cmd_up() {
     need_programs
     parse_config "$conf"
     if [ -n "$ctx" ]; then check_count "$ctx" --ctx "up" 1 1048576; CFG_CTX=$ctx; fi
+    if [ -n "$budget" ] && [ -n "$CFG_PLAN" ]; then die "up: --mem-budget or --plan, not both (the plan has its budget)"; fi
+    if [ -n "$budget" ]; then plan_for_budget "$budget" "$conf" "$ctx"; fi
+    if [ -n "$CFG_PLAN" ]; then
+        [ -e "$CFG_PLAN" ] || die "up: plan $CFG_PLAN: no such file or directory"
+        CFG_PLAN=$(readlink -f "$CFG_PLAN")
+        if [ -z "$ctx" ]; then CFG_CTX=""; fi # the plan's (cachemgr refuses a --ctx the plan was not made for)
+    fi
     if ((no_npu)); then drop_npu_worker; fi
     preflight
 

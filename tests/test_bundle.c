@@ -20,6 +20,7 @@
 #include "mkmodel_run.h"
 #include "plan/bundle.h"
 #include "test.h"
+#include "file_util.h"
 
 static char dir[] = "/tmp/pi2-test-bundle-XXXXXX";
 
@@ -136,20 +137,6 @@ static void check_model(const char *name, const char *flags, float down_tol) {
     model_free(&m);
 }
 
-static size_t file_size(const char *p) {
-    struct stat st;
-    return stat(p, &st) ? 0 : (size_t)st.st_size;
-}
-
-static void copy_file(const char *from, const char *to, size_t keep) {
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    char buf[65536];
-    size_t n, done = 0;
-    while (in && out && done < keep && (n = fread(buf, 1, sizeof buf < keep - done ? sizeof buf : keep - done, in)) > 0)
-        done += fwrite(buf, 1, n, out);
-    if (in) fclose(in);
-    if (out) fclose(out);
-}
 
 static void flip_byte(const char *p, long at) {
     FILE *f = fopen(p, "r+b");
@@ -178,12 +165,12 @@ static void check_refusals(void) {
           "another model's bundle is refused naming both files (got: %s)", err);
 
     snprintf(bad, sizeof bad, "%s.truncated", out);
-    copy_file(out, bad, file_size(out) - 5000);
+    test_copy_file(out, bad, test_file_size(out) - 5000);
     CHECK(bundle_open(&b, bad, &m, a, err, sizeof err) != 0 && strstr(err, bad), "a truncated bundle is refused (%s)",
           err);
 
     snprintf(bad, sizeof bad, "%s.corrupt", out);
-    copy_file(out, bad, file_size(out));
+    test_copy_file(out, bad, test_file_size(out));
     if (bundle_open(&b, out, &m, a, err, sizeof err) == 0) {
         const long at = (long)bundle_file_offset(&b, 1, 3) + 100; /* layer 1, a neuron's row */
         bundle_close(&b);
@@ -200,7 +187,7 @@ static void check_refusals(void) {
         bundle_close(&b);
     }
     snprintf(bad, sizeof bad, "%s.badsums", out);
-    copy_file(out, bad, file_size(out));
+    test_copy_file(out, bad, test_file_size(out));
     if (bundle_open(&b, out, &m, a, err, sizeof err) == 0) {
         const gguf_tensor *t = gguf_find_tensor(&b.g, BUNDLE_SUMS_TENSOR);
         const long at = t ? (long)((const uint8_t *)t->data - b.g.base) + 8 * 3 : -1; /* layer 0, bundle 3's sum */

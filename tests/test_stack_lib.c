@@ -213,7 +213,7 @@ static void test_ctl(void) {
     stack_ctl *c = calloc(1, sizeof *c);
     stack_params p = {2048, 2, 512, FFN_DENSE};
     char err[512];
-    ctl_init(c, &p, "/models/a.gguf", 12345, NULL);
+    ctl_init(c, &p, "/models/a.gguf", 12345, NULL, NULL);
     CHECK(ctl_check(c, "/models/a.gguf", 12345, err, sizeof err) == 0, "matching model refused: %s", err);
     CHECK(ctl_check(c, "/models/b.gguf", 12345, err, sizeof err) == -1, "another path accepted");
     CHECK(ctl_check(c, "/models/a.gguf", 12346, err, sizeof err) == -1, "another size accepted");
@@ -269,7 +269,7 @@ static void test_barrier(void) {
     CHECK(s != MAP_FAILED, "mmap");
     if (s == MAP_FAILED) return;
     stack_params p = {16, PROCS, 1, FFN_DENSE};
-    ctl_init(&s->ctl, &p, "m", 1, NULL);
+    ctl_init(&s->ctl, &p, "m", 1, NULL, NULL);
     uint32_t epoch = (uint32_t)atomic_load(&s->ctl.epoch);
     pid_t kids[PROCS];
     for (int i = 0; i < PROCS; i++)

@@ -36,13 +36,14 @@ int ffn_scratch_init(ffn_scratch *s, const model *m) {
     s->tmp = malloc((size_t)ffn_chunk_neurons(m) * sizeof(float));
     s->start = malloc(c * sizeof(int));
     s->fired = malloc(c * sizeof(int));
-    if (s->idx && s->a && s->b && s->tmp && s->start && s->fired) return 0;
+    s->rows = malloc(n * sizeof(int32_t));
+    if (s->idx && s->a && s->b && s->tmp && s->start && s->fired && s->rows) return 0;
     ffn_scratch_free(s);
     return -1;
 }
 
 void ffn_scratch_free(ffn_scratch *s) {
-    free(s->idx); free(s->a); free(s->b); free(s->tmp); free(s->start); free(s->fired);
+    free(s->idx); free(s->a); free(s->b); free(s->tmp); free(s->start); free(s->fired); free(s->rows);
     *s = (ffn_scratch){0};
 }
 
@@ -66,8 +67,34 @@ static const weight *chunk_down_t(const ffn_layer *f, int chunk, long *first) {
     return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
 }
 
+enum { ROW_GATE, ROW_UP, ROW_DOWN };
+
+/* The view of one of a layer's row sets in f->rows' layout: a weight whose
+ * rows are `unit` bytes apart, indexed by the neurons' places (rows_at). */
+static weight rows_view(const ffn_layer *f, int which) {
+    const ffn_rows *r = f->rows;
+    const layer_weights *w = &f->m->layers[f->layer];
+    weight v = which == ROW_GATE ? w->gate : w->up;
+    if (which == ROW_DOWN) v = (weight){NULL, r->down_type, f->m->n_ff, f->m->n_embd, 0};
+    v.data = r->base + (which == ROW_GATE ? 0 : which == ROW_UP ? r->up : r->down);
+    v.row_bytes = r->unit;
+    return v;
+}
+
+/* The neurons idx[0..n)'s places in f->rows, into out. */
+static const int32_t *rows_at(const ffn_layer *f, const int32_t *idx, int n, int32_t *out) {
+    for (int k = 0; k < n; k++) out[k] = f->rows->at[idx[k]];
+    return out;
+}
+
 /* The first rows chunk_down will read for a chunk's firing neurons idx[0..fired). */
 static void chunk_then(const ffn_layer *f, int chunk, const int32_t *idx, int fired, sparse_then *then) {
+    if (f->rows) {
+        const weight v = rows_view(f, ROW_DOWN);
+        then->count = fired < AXPY_Q4_GROUP ? fired : AXPY_Q4_GROUP;
+        for (int k = 0; k < then->count; k++) then->rows[k] = (const char *)v.data + (size_t)f->rows->at[idx[k]] * v.row_bytes;
+        return;
+    }
     long first;
     const weight *dt = chunk_down_t(f, chunk, &first);
     sparse_then_rows(then, dt->data, dt->row_bytes, idx, fired, first);
@@ -114,32 +141,30 @@ static int activate_and_keep(const ffn_layer *f, int32_t *idx, float *g, const f
     return kept;
 }
 
-/* Appends the neurons of [n0, n1) to compute, as layer indices, to s->idx
- * from at; their gate values to s->a where the mode computed them already
- * (gate-first). Returns how many. */
-static int select_neurons(const ffn_layer *f, long n0, long n1, ffn_scratch *s, int at, ffn_chunk_stats *st) {
+int ffn_chunk_select(const ffn_layer *f, int chunk, int32_t *idx, float *gate, float *tmp, ffn_chunk_stats *st) {
     const layer_weights *w = &f->m->layers[f->layer];
-    int32_t *idx = s->idx + at;
+    long n0, n1;
+    ffn_chunk_range(f->m, chunk, &n0, &n1);
     int len = (int)(n1 - n0), n = 0;
     if (f->mode == FFN_DENSE) {
         for (int i = 0; i < len; i++) idx[i] = (int32_t)(n0 + i);
         return len;
     }
-    if (f->mode == FFN_GATE_FIRST) {
-        matvec_rows_packed(f->k, &w->gate, f->in, s->tmp, n0, n1);
+    if (f->mode == FFN_GATE_FIRST) { /* every gate row: resident even under a budget */
+        matvec_rows_packed(f->k, &w->gate, f->in, tmp, n0, n1);
         st->bytes += (uint64_t)len * w->gate.row_bytes;
         for (int i = 0; i < len; i++)
-            if (s->tmp[i] > 0) {
+            if (tmp[i] > 0) {
                 idx[n] = (int32_t)(n0 + i);
-                s->a[at + n++] = s->tmp[i];
+                gate[n++] = tmp[i];
             }
         return n;
     }
-    predictor_rows(f->pred, f->layer, f->pred_hidden, n0, n1, s->tmp);
+    predictor_rows(f->pred, f->layer, f->pred_hidden, n0, n1, tmp);
     st->bytes += predictor_row_bytes(f->pred, f->layer) * (uint64_t)len;
     const float tau = predictor_threshold(f->pred, f->layer);
     for (int i = 0; i < len; i++)
-        if (s->tmp[i] >= tau) idx[n++] = (int32_t)(n0 + i);
+        if (tmp[i] >= tau) idx[n++] = (int32_t)(n0 + i);
     return n;
 }
 
@@ -173,21 +198,32 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
     int n = s->start[n_chunks];
     st->computed += (uint64_t)n;
     const bool gate_pass = f->mode == FFN_PREDICTOR && f->m->act != FFN_SILU;
+    /* under a budget the rows are the neuron cache's (ffn_rows), addressed by the neurons' places */
+    const weight gate = f->rows ? rows_view(f, ROW_GATE) : w->gate, up = f->rows ? rows_view(f, ROW_UP) : w->up;
     /* each pass prefetches the next pass's first rows, before knowing which of those neurons prove zero */
     sparse_then then = {0};
     if (gate_pass) {
-        sparse_then_rows(&then, w->up.data, w->up.row_bytes, s->idx, n, 0);
-        gather_dot(f, &w->gate, s->idx, n, s->a, &then);
+        const int32_t *rows = f->rows ? rows_at(f, s->idx, n, s->rows) : s->idx;
+        sparse_then_rows(&then, up.data, up.row_bytes, rows, n, 0);
+        gather_dot(f, &gate, rows, n, s->a, &then);
         st->bytes += (uint64_t)n * w->gate.row_bytes;
         n = keep_positive_gates(s, n_chunks);
     }
+    const int32_t *rows = f->rows ? rows_at(f, s->idx, n, s->rows) : s->idx;
     if (n_chunks > 0) chunk_then(f, chunks[0], s->idx, s->start[1], &then);
     if (gate_pass || f->mode == FFN_GATE_FIRST) { /* the gates are known: up rows only */
-        gather_dot(f, &w->up, s->idx, n, s->b, &then);
+        gather_dot(f, &up, rows, n, s->b, &then);
         st->bytes += (uint64_t)n * w->up.row_bytes;
         return;
     }
-    gather_dot2(f, w, s->idx, n, s->a, s->b, &then);
+    if (f->rows) {
+        layer_weights v = *w;
+        v.gate = gate;
+        v.up = up;
+        gather_dot2(f, &v, rows, n, s->a, s->b, &then);
+    } else {
+        gather_dot2(f, w, rows, n, s->a, s->b, &then);
+    }
     st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
 }
 
@@ -197,28 +233,35 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
 static void chunk_down(const ffn_layer *f, int chunk, int32_t *idx, const float *h, int fired, float *partial,
                        const sparse_then *then, ffn_chunk_stats *st) {
     const model *m = f->m;
-    long first;
-    const weight *dt = chunk_down_t(f, chunk, &first);
-    for (int k = 0; k < fired; k++) idx[k] -= (int32_t)first;
+    long first = 0;
+    weight view;
+    const weight *dt = f->rows ? (view = rows_view(f, ROW_DOWN), &view) : chunk_down_t(f, chunk, &first);
+    if (f->rows) rows_at(f, idx, fired, idx);
+    else
+        for (int k = 0; k < fired; k++) idx[k] -= (int32_t)first;
     memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
     sparse_kernels_for_type(f->axpy, dt->type)
         ->axpy(dt->data, dt->row_bytes, idx, h, fired, partial, m->n_embd, then);
     st->fired += (uint64_t)fired;
-    st->bytes += (uint64_t)fired * dt->row_bytes;
+    st->bytes += (uint64_t)fired * (f->rows ? f->rows->down_row_bytes : dt->row_bytes);
 }
 
 void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
                     ffn_chunk_stats *stats, uint32_t *counts) {
     ffn_chunk_stats local = {0}, *st = stats ? stats : &local;
-    const size_t n_embd = (size_t)f->m->n_embd;
     int n = 0;
     for (int c = 0; c < n_chunks; c++) {
-        long n0, n1;
-        ffn_chunk_range(f->m, chunks[c], &n0, &n1);
         s->start[c] = n;
-        n += select_neurons(f, n0, n1, s, n, st);
+        n += ffn_chunk_select(f, chunks[c], s->idx + n, s->a + n, s->tmp, st);
     }
     s->start[n_chunks] = n;
+    ffn_chunks_compute(f, chunks, n_chunks, partials, s, st, counts);
+}
+
+void ffn_chunks_compute(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
+                        ffn_chunk_stats *stats, uint32_t *counts) {
+    ffn_chunk_stats local = {0}, *st = stats ? stats : &local;
+    const size_t n_embd = (size_t)f->m->n_embd;
     gather_gate_up(f, chunks, s, n_chunks, st);
     for (int c = 0; c < n_chunks; c++) { /* every chunk's firing neurons first: each axpy prefetches the next's */
         const int at = s->start[c];

@@ -36,6 +36,18 @@
 
 typedef struct predictor predictor;
 
+/* Rows that are not in the model's tensors: a neuron cache (stack/offload.h)
+ * holds neuron i's gate, up and down_t rows side by side at
+ * base + at[i] * unit + {0, up, down}. at[] needs entries only for the
+ * neurons a chunk computes. */
+typedef struct {
+    const uint8_t *base;
+    size_t unit, up, down;
+    const int32_t *at;        /* [n_ff] */
+    uint32_t down_type;       /* the down_t rows' type (bundle_down_type) */
+    size_t down_row_bytes;
+} ffn_rows;
+
 int ffn_chunk_neurons(const model *m);
 int ffn_chunk_count(const model *m);
 /* The neurons [*n0, *n1) of chunk c. */
@@ -60,6 +72,7 @@ typedef struct {
     const predictor *pred;        /* FFN_PREDICTOR */
     const act_vec *pred_hidden;   /* FFN_PREDICTOR: this layer's hidden vector as predictor_prepare (or
                                    * predictor_hidden_done) converted it */
+    const ffn_rows *rows;         /* not NULL: gate (but for gate-first's selection), up and down_t are there */
 } ffn_layer;
 
 /* One thread's scratch: idx, a, b hold up to n_ff neurons (a batch of
@@ -69,6 +82,7 @@ typedef struct {
     int32_t *idx;
     float *a, *b, *tmp;
     int *start, *fired;
+    int32_t *rows;  /* idx's rows in an ffn_rows layout */
 } ffn_scratch;
 
 int ffn_scratch_init(ffn_scratch *s, const model *m); /* 0, or -1 out of memory */
@@ -88,6 +102,17 @@ typedef struct {
  * alone. */
 void ffn_chunks_run(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
                     ffn_chunk_stats *st, uint32_t *counts);
+
+/* ffn_chunks_run in two halves, for a caller that must fetch the chosen
+ * neurons' rows in between (stack/offload.h). First: the neurons of chunk
+ * `chunk` the mode computes (layer indices, ascending) into idx, their gate
+ * values into gate where the mode computed them (gate-first), tmp one chunk
+ * of floats. Returns how many. */
+int ffn_chunk_select(const ffn_layer *f, int chunk, int32_t *idx, float *gate, float *tmp, ffn_chunk_stats *st);
+/* Then: with s->idx, s->a and s->start[0..n_chunks] holding the chunks'
+ * selections one after another, the rest of ffn_chunks_run. */
+void ffn_chunks_compute(const ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials, ffn_scratch *s,
+                        ffn_chunk_stats *st, uint32_t *counts);
 
 /* The loop each of the nth threads of a pool runs: takes the next entries of
  * list (list NULL: chunks 0 .. n-1) from the shared counter until none is

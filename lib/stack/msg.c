@@ -415,7 +415,8 @@ static int v_task_done(const vctx *v, const Pi2__Envelope *env) {
     return check_session(v, env, p) || check_nonzero(v, p, "worker_id", m->worker_id) ||
                    check_task_layer(v, p, m->layer) ||
                    check_act_span(v, p, "out_offset/out_length", m->out_offset, m->out_length) ||
-                   check_enum(v, p, "status", m->status, &pi2__task_status__descriptor)
+                   check_enum(v, p, "status", m->status, &pi2__task_status__descriptor) ||
+                   check_string(v, p, "error", m->error, MSG_MAX_STRING, 0)
                ? -1
                : 0;
 }
@@ -456,18 +457,46 @@ static int v_io_read_batch(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__IoReadBatch *m = env->io_read_batch;
     if (check_count(v, "IoReadBatch", "reads", m->n_reads, MSG_MAX_IO_READS)) return -1;
     if (m->n_reads == 0) return fail(v, "IoReadBatch.reads is empty");
+    const bool hot = m->target == PI2__IO_TARGET__IO_TARGET_HOT;
+    if (!hot && m->target != PI2__IO_TARGET__IO_TARGET_WEIGHTS)
+        return fail(v, "IoReadBatch.target = %d is not a valid IoTarget", (int)m->target);
+    const uint64_t file_size = hot ? v->lim->bundle_file_size : v->lim->model_file_size;
+    const uint64_t dest_size = hot ? v->lim->hot_region_size : v->lim->weight_segment_size;
+    const char *file_name = hot ? "bundle_file_size" : "model_file_size";
+    const char *dest_name = hot ? "hot_region_size" : "weight_segment_size";
     char path[64];
     for (size_t i = 0; i < m->n_reads; i++) {
         const Pi2__IoRead *r = m->reads[i];
         snprintf(path, sizeof path, "IoReadBatch.reads[%zu]", i);
         if (check_nonzero(v, path, "length", r->length) ||
-            check_span(v, path, "file_offset", r->file_offset, r->length, "model_file_size",
-                       v->lim->model_file_size) ||
-            check_span(v, path, "slot_offset", r->slot_offset, r->length, "weight_segment_size",
-                       v->lim->weight_segment_size))
+            check_span(v, path, "file_offset", r->file_offset, r->length, file_name, file_size) ||
+            check_span(v, path, "slot_offset", r->slot_offset, r->length, dest_name, dest_size))
             return -1;
     }
     return 0;
+}
+
+static int v_bundle_load(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__BundleLoad *m = env->bundle_load;
+    const char *p = "BundleLoad";
+    if (check_index(v, p, "layer", m->layer, "n_layer", v->lim->n_layer) ||
+        check_count(v, p, "bundles", m->n_bundles, v->lim->n_bundles))
+        return -1;
+    if (m->n_bundles == 0) return fail(v, "BundleLoad.bundles is empty");
+    char path[64];
+    for (size_t i = 0; i < m->n_bundles; i++) {
+        snprintf(path, sizeof path, "BundleLoad.bundles[%zu]", i);
+        if (check_index(v, path, "bundle", m->bundles[i], "n_bundles", v->lim->n_bundles)) return -1;
+    }
+    return 0;
+}
+
+static int v_bundle_loaded(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__BundleLoaded *m = env->bundle_loaded;
+    if (m->loaded > v->lim->n_bundles || m->unplaced > v->lim->n_bundles)
+        return fail(v, "BundleLoaded.loaded/unplaced = %u/%u exceed n_bundles %u", m->loaded, m->unplaced,
+                    v->lim->n_bundles);
+    return check_string(v, "BundleLoaded", "error", m->error, MSG_MAX_STRING, 0);
 }
 
 static int v_io_complete(const vctx *v, const Pi2__Envelope *env) {
@@ -577,6 +606,8 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
     case PI2__ENVELOPE__BODY_CACHE_MISS: check = v_cache_miss; break;
     case PI2__ENVELOPE__BODY_IO_READ_BATCH: check = v_io_read_batch; break;
     case PI2__ENVELOPE__BODY_IO_COMPLETE: check = v_io_complete; break;
+    case PI2__ENVELOPE__BODY_BUNDLE_LOAD: check = v_bundle_load; break;
+    case PI2__ENVELOPE__BODY_BUNDLE_LOADED: check = v_bundle_loaded; break;
     case PI2__ENVELOPE__BODY_STATS: check = v_stats; break;
     case PI2__ENVELOPE__BODY_STATS_REQUEST: check = v_nothing; break;
     case PI2__ENVELOPE__BODY_GENERATE_REQUEST: check = v_generate_request; break;

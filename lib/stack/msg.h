@@ -35,6 +35,11 @@ typedef struct {
     uint64_t act_segment_size, weight_segment_size, kv_segment_size;
     uint64_t model_file_size;         /* the file IoRead.file_offset addresses */
     uint64_t slot_size;               /* bytes of one neuron's cache slot (bundle) */
+    /* a stack under a memory budget (docs/offload.md); zero otherwise, which refuses every
+     * IO_TARGET_HOT read and BundleLoad */
+    uint64_t bundle_file_size;        /* the file IO_TARGET_HOT reads address */
+    uint64_t hot_region_size;         /* the neuron cache's hot region, their destination */
+    uint32_t n_bundles;               /* bundles per layer of the bundle file */
 } msg_limits;
 
 /* FfnMode on the wire is enum ffn_mode + 1: 0 (unspecified) leaves a

@@ -274,6 +274,22 @@ void ncache_recover(ncache *c) {
     }
 }
 
+void ncache_writer_restart(ncache *c) {
+    const ncache_shape *s = &c->shape;
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        slot_meta *m = &c->slots[i];
+        const uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
+        const uint64_t key = atomic_load_explicit(&m->key, memory_order_relaxed);
+        if (state_of(w) == LOADING) {
+            ncache_abandon(c, i);
+        } else if (state_of(w) == READY && key != NO_KEY && key_in_shape(s, key)) {
+            int32_t none = -1; /* published but not indexed yet when the writer died */
+            atomic_compare_exchange_strong_explicit(&c->index[index_of(s, key)], &none, (int32_t)i,
+                                                    memory_order_release, memory_order_relaxed);
+        }
+    }
+}
+
 void ncache_get_stats(const ncache *c, ncache_stats *out) {
     table_header *h = c->h;
     out->hits = atomic_load_explicit(&h->hits, memory_order_relaxed);

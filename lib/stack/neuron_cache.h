@@ -87,6 +87,10 @@ void ncache_abandon(ncache *c, int64_t slot);
 /* Clears every pin, returns LOADING slots to empty and rebuilds the index
  * from the READY slots; only while no reader or writer runs. */
 void ncache_recover(ncache *c);
+/* A new writer taking over from one that died (the io-worker restarted):
+ * its LOADING slots go back empty, its published but unindexed ones are
+ * indexed. Safe while readers run (they never pin a LOADING slot). */
+void ncache_writer_restart(ncache *c);
 void ncache_get_stats(const ncache *c, ncache_stats *out);
 
 #endif

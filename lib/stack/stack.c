@@ -66,11 +66,12 @@ void work_share_compute(work_share *s, const model *m, int worker, int n_workers
 }
 
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,
-              const char *predictor_path) {
+              const char *predictor_path, const char *plan_path) {
     memset(c, 0, sizeof *c);
     c->params = *p;
     snprintf(c->model_path, sizeof c->model_path, "%s", model_path);
     snprintf(c->predictor_path, sizeof c->predictor_path, "%s", predictor_path ? predictor_path : "");
+    snprintf(c->plan_path, sizeof c->plan_path, "%s", plan_path ? plan_path : "");
     c->model_size = model_size;
     atomic_store(&c->epoch, 1);
     atomic_store(&c->barrier, (uint64_t)1 << 32);
@@ -89,7 +90,7 @@ int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, c
     const stack_params *p = &c->params;
     if (p->n_ctx < 1 || p->n_cpu_workers < 1 || p->n_cpu_workers > STACK_MAX_CPU_WORKERS || p->max_prefill < 1 ||
         p->ffn_mode < FFN_DENSE || p->ffn_mode > FFN_PREDICTOR ||
-        !memchr(c->predictor_path, 0, sizeof c->predictor_path)) {
+        !memchr(c->predictor_path, 0, sizeof c->predictor_path) || !memchr(c->plan_path, 0, sizeof c->plan_path)) {
         snprintf(err, errlen,
                  "control block: bad stack parameters (n_ctx %d, cpu workers %d, max_prefill %d, ffn mode %d)",
                  p->n_ctx, p->n_cpu_workers, p->max_prefill, p->ffn_mode);

@@ -15,7 +15,7 @@
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3032ull /* "PI2CTL02" */
+#define STACK_CTL_MAGIC 0x50493243544c3033ull /* "PI2CTL03" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
@@ -88,6 +88,8 @@ typedef struct {
     char model_path[1024];
     uint64_t model_size;            /* of the model file, to refuse attaching with another model */
     char predictor_path[1024];      /* lowrank side file of FFN_PREDICTOR; empty: the model's PWRI fc1/fc2 */
+    char plan_path[1024];           /* a stack under a memory budget: its plan file (stack/offload.h); empty:
+                                     * the whole model in memory */
     _Atomic uint64_t weights_ready; /* 0 while loading; else the load generation */
     _Atomic uint64_t epoch;         /* decode epoch: bumped by the coordinator to abort in-flight work */
     _Atomic uint64_t barrier;       /* epoch (32) | arrived (16) | phase (16), see ctl_barrier_wait */
@@ -96,7 +98,7 @@ typedef struct {
 
 /* Initialise a fresh control block (cachemgr, at creation). */
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,
-              const char *predictor_path);
+              const char *predictor_path, const char *plan_path);
 /* Validate an attached control block against the model this process loaded
  * (model_path is canonicalised, as cachemgr stores it). */
 int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, char *err, size_t errlen);

@@ -110,12 +110,21 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
         !(s->kv_seg = attach_waiting(spec, STACK_SEG_KV, SHM_KIND_KV, deadline)) ||
         !(s->act_seg = attach_waiting(spec, STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, deadline)))
         goto fail;
-    void *data = region(s->weights_seg, "data", weights_region_bytes(&s->m), &s->weights_bytes);
+    if (s->ctl->plan_path[0]) {
+        if (offload_open(&s->off, &s->m, model_path, s->ctl->plan_path, true, err, sizeof err)) {
+            log_error("%s", err);
+            goto fail;
+        }
+        s->budgeted = true;
+    }
+    void *data = region(s->weights_seg, "data", s->budgeted ? s->off.preload_bytes : weights_region_bytes(&s->m),
+                        &s->weights_bytes);
     s->k = region(s->kv_seg, "k", kv_need, &s->kv_bytes);
     s->v = region(s->kv_seg, "v", kv_need, NULL);
     s->act = region(s->act_seg, "act", s->layout.total, &s->act_bytes);
     if (!data || !s->k || !s->v || !s->act) goto fail;
-    if (model_rebase(&s->m, data, s->weights_bytes)) {
+    if (s->budgeted ? offload_rebase(&s->off, &s->m, data, s->weights_bytes)
+                    : model_rebase(&s->m, data, s->weights_bytes)) {
         log_error("a tensor of %s lies outside the weights segment", model_path);
         goto fail;
     }
@@ -131,6 +140,7 @@ void stack_view_close(stack_view *s) {
     shm_detach(s->kv_seg);
     shm_detach(s->weights_seg);
     shm_detach(s->ctl_seg);
+    offload_close(&s->off);
     if (s->model_loaded) model_free(&s->m);
     memset(s, 0, sizeof *s);
 }

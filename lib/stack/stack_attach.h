@@ -13,6 +13,7 @@
 
 #include "engine/model.h"
 #include "stack/msg.h"
+#include "stack/offload.h"
 #include "engine/ops.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
@@ -42,11 +43,15 @@ typedef struct {
     uint8_t *act;          /* the "act" region */
     uint64_t act_bytes;
     act_layout layout;
+    bool budgeted;            /* the control block names a plan: only the preloaded tensors are in the
+                               * weights segment (stack/offload.h) */
+    offload off;
 } stack_view;
 
 /* Loads the model, waits (polling until wait_ms, or until *stop) for the
  * segments of runid and for weights_ready, and rebases the model into the
- * weights segment. Returns 0, or -1 after logging why (nothing when stopped). */
+ * weights segment (under a budget, its preloaded tensors; s->off then holds
+ * the plan's layout). Returns 0, or -1 after logging why (nothing when stopped). */
 int stack_view_open(stack_view *s, const stack_view_spec *spec);
 void stack_view_close(stack_view *s);
 

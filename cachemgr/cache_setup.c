@@ -1,0 +1,44 @@
+/* The neuron cache of a budgeted stack (docs/offload.md), once the hot
+ * region is read: each hot bundle is checked against its own checksum (the
+ * bundle file names a bad one: corrupted storage must not become wrong
+ * weights), then the slot table is laid out fresh over the cold region. */
+#include <stdio.h>
+
+#include "cachemgr.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+static int check_hot(const cachemgr *c, const uint8_t *hot) {
+    const offload *o = &c->off;
+    for (int l = 0; l < c->m.n_layer; l++)
+        for (uint32_t b = 0; b < o->plan->hot_bundles[l]; b++)
+            if (!bundle_check(&o->bundles, l, b, hot + o->hot_offset[l] + (uint64_t)b * o->stride)) {
+                log_error("%s: layer %d's bundle %u (file offset %llu) as read does not match its checksum",
+                          o->bundle_path, l, b, (unsigned long long)bundle_file_offset(&o->bundles, l, b));
+                return -1;
+            }
+    return 0;
+}
+
+int cm_ready_cache(cachemgr *c) {
+    uint64_t hot_bytes, cold_bytes, table_bytes;
+    uint8_t *hot = shm_region_ptr(c->seg[SEG_FFN], "hot", &hot_bytes);
+    uint8_t *cold = shm_region_ptr(c->seg[SEG_FFN], "cold", &cold_bytes);
+    void *table = shm_region_ptr(c->seg[SEG_FFN], "table", &table_bytes);
+    if (!hot || !cold || !table) {
+        log_error("the neuron cache segment lacks a region");
+        return -1;
+    }
+    double t0 = clock_seconds();
+    if (check_hot(c, hot)) return -1;
+    log_info("hot bundles checked: %.1f MiB in %.2f s", c->off.hot_bytes / 1048576.0, clock_seconds() - t0);
+    char err[512];
+    const ncache_shape shape = offload_cache_shape(&c->off, &c->m);
+    ncache *nc = ncache_create(table, table_bytes, cold, cold_bytes, &shape, err, sizeof err);
+    if (!nc) {
+        log_error("slot table: %s", err);
+        return -1;
+    }
+    ncache_detach(nc);
+    return 0;
+}

@@ -1,0 +1,360 @@
+/* The budgeted FFN step (ffn_offload.h). */
+#include "ffn_offload.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stack/bus.h"
+#include "stack/msg.h"
+#include "stack/neuron_cache.h"
+#include "stack/proc_stop.h"
+#include "stack/rundir.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#define MAX_ROUNDS 16       /* load-and-compute rounds of one layer before giving up (slots kept pinned) */
+#define IO_PATIENCE_MS 1000 /* a BundleLoad unanswered this long, with the io-worker's row not beating or
+                             * under another pid, is sent again */
+#define POLL_MS 20
+
+enum { UNSEEN = -3, MISSING = -2 };
+
+struct ffn_offload {
+    const stack_view *sv;
+    const model *m;
+    const offload *off;
+    shm_segment *seg;
+    const uint8_t *base;         /* the hot region: rows are addressed from it */
+    ncache *cache;
+    bus_ctx *ctx;
+    bus_socket *sock;
+    uint64_t seq, batch_id;
+    msg_limits lim;
+    /* one layer's working state */
+    int32_t *at;                 /* [n_ff]: the neurons' places (ffn_rows.at) */
+    int32_t *sel_idx;            /* [n_ff]: each chunk's selection at its first neuron */
+    float *sel_gate;             /* [n_ff] */
+    int *sel_n;                  /* [n_chunks]: by chunk id */
+    int64_t *bundle_at;          /* [n_bundles]: UNSEEN, MISSING, or the pinned slot's byte offset from base */
+    ncache_ref *pins;            /* [n_bundles] */
+    uint32_t *touched, *missing; /* [n_bundles] */
+    int n_pins, n_touched, n_missing;
+    int32_t *ready, *waiting;    /* [n_chunks]: chunk ids */
+    ffn_offload_stats stats;
+};
+
+/* ---- set-up ---- */
+
+static void *zalloc(size_t n, size_t size, int *bad) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *bad = 1;
+    return p;
+}
+
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name) {
+    ffn_offload *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->sv = sv;
+    o->m = &sv->m;
+    o->off = &sv->off;
+    char seg_name[SHM_NAME_MAX], err[512];
+    uint64_t hot_bytes, cold_bytes, table_bytes;
+    if (shm_make_name(seg_name, sizeof seg_name, runid, STACK_SEG_FFN) ||
+        !(o->seg = shm_attach(seg_name, SHM_KIND_SLOTS, 0))) {
+        log_error("neuron cache segment of run '%s': %s", runid, shm_last_error());
+        goto fail;
+    }
+    o->base = shm_region_ptr(o->seg, "hot", &hot_bytes);
+    uint8_t *cold = shm_region_ptr(o->seg, "cold", &cold_bytes);
+    void *table = shm_region_ptr(o->seg, "table", &table_bytes);
+    if (!o->base || !cold || !table || hot_bytes < offload_hot_region_bytes(o->off) || cold_bytes < o->off->cold_bytes) {
+        log_error("%s: a region is missing or smaller than the plan's", seg_name);
+        goto fail;
+    }
+    if (cold < o->base || (uint64_t)(cold - o->base) % o->off->unit) {
+        log_error("%s: the cold region is not addressable from the hot one", seg_name);
+        goto fail;
+    }
+    if (!(o->cache = ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err))) {
+        log_error("%s: slot table: %s", seg_name, err);
+        goto fail;
+    }
+    char dir[RUNDIR_PATH_MAX], endpoint[BUS_ENDPOINT_MAX];
+    struct bus_opts opts = bus_default_opts();
+    opts.max_frame = MSG_MAX_FRAME;
+    if (rundir_path(dir, sizeof dir, runid) || bus_endpoint_ipc(endpoint, sizeof endpoint, dir, "io", -1) ||
+        !(o->ctx = bus_ctx_new()) || !(o->sock = bus_connect(o->ctx, BUS_DEALER, endpoint, name, &opts))) {
+        log_error("connecting to the io-worker: %s", bus_last_error());
+        goto fail;
+    }
+    const size_t n_ff = (size_t)o->m->n_ff, n_b = (size_t)o->off->n_bundles, n_c = (size_t)ffn_chunk_count(o->m);
+    int bad = 0;
+    o->at = zalloc(n_ff, sizeof *o->at, &bad);
+    o->sel_idx = zalloc(n_ff, sizeof *o->sel_idx, &bad);
+    o->sel_gate = zalloc(n_ff, sizeof *o->sel_gate, &bad);
+    o->sel_n = zalloc(n_c, sizeof *o->sel_n, &bad);
+    o->bundle_at = zalloc(n_b, sizeof *o->bundle_at, &bad);
+    o->pins = zalloc(n_b, sizeof *o->pins, &bad);
+    o->touched = zalloc(n_b, sizeof *o->touched, &bad);
+    o->missing = zalloc(n_b, sizeof *o->missing, &bad);
+    o->ready = zalloc(n_c, sizeof *o->ready, &bad);
+    o->waiting = zalloc(n_c, sizeof *o->waiting, &bad);
+    if (bad) {
+        log_error("out of memory for the neuron cache's working state");
+        goto fail;
+    }
+    for (size_t b = 0; b < n_b; b++) o->bundle_at[b] = UNSEEN;
+    o->lim = (msg_limits){.n_layer = (uint32_t)o->m->n_layer, .n_bundles = (uint32_t)n_b};
+    o->batch_id = (uint64_t)getpid() << 32;
+    log_info("budgeted FFN: %.1f MiB hot, %u cold slots, misses read by the io-worker", o->off->hot_bytes / 1048576.0,
+             o->off->cold_slots);
+    return o;
+fail:
+    ffn_offload_free(o);
+    return NULL;
+}
+
+void ffn_offload_free(ffn_offload *o) {
+    if (!o) return;
+    bus_close(o->sock);
+    bus_ctx_free(o->ctx);
+    ncache_detach(o->cache);
+    shm_detach(o->seg);
+    free(o->at); free(o->sel_idx); free(o->sel_gate); free(o->sel_n); free(o->bundle_at); free(o->pins);
+    free(o->touched); free(o->missing); free(o->ready); free(o->waiting);
+    free(o);
+}
+
+const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o) { return &o->stats; }
+
+/* ---- selection: every chunk's neurons, the pool's threads splitting the chunks ---- */
+
+typedef struct {
+    ffn_offload *o;
+    const ffn_layer *f;
+    const int32_t *chunks;
+    int n_chunks;
+    ffn_scratch *scratch;
+    float *partials;
+} job;
+
+static void select_worker(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    long c0, c1;
+    pool_split(j->n_chunks, ith, nth, &c0, &c1);
+    ffn_chunk_stats st = {0};
+    for (long i = c0; i < c1; i++) {
+        long n0, n1;
+        ffn_chunk_range(j->f->m, j->chunks[i], &n0, &n1);
+        j->o->sel_n[j->chunks[i]] = ffn_chunk_select(j->f, j->chunks[i], j->o->sel_idx + n0, j->o->sel_gate + n0,
+                                          j->scratch[ith].tmp, &st);
+    }
+}
+
+/* ---- where each neuron's rows are ---- */
+
+/* A row's index for the kernels from its byte offset from the base. */
+static int32_t place(const ffn_offload *o, uint64_t bytes) { return (int32_t)(bytes / o->off->unit); }
+
+/* Bundle b of layer l: hot, pinned (now, if cached), or missing. Its byte offset from base, or MISSING. */
+static int64_t find_bundle(ffn_offload *o, int l, uint32_t b) {
+    const offload *off = o->off;
+    if (b < off->plan->hot_bundles[l]) {
+        o->stats.hot++;
+        return (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
+    }
+    if (o->bundle_at[b] != UNSEEN) return o->bundle_at[b];
+    o->touched[o->n_touched++] = b;
+    ncache_ref ref;
+    const uint8_t *p = ncache_pin(o->cache, (uint32_t)l, 0, b, &ref);
+    if (!p) {
+        o->missing[o->n_missing++] = b;
+        return o->bundle_at[b] = MISSING;
+    }
+    o->pins[o->n_pins++] = ref;
+    o->stats.cold_hits++;
+    return o->bundle_at[b] = p - o->base;
+}
+
+/* Each selected neuron of the chunk: its place in at[]. False when one of its bundles is missing. */
+static bool resolve_chunk(ffn_offload *o, int l, int chunk) {
+    const offload *off = o->off;
+    long n0, n1;
+    ffn_chunk_range(o->m, chunk, &n0, &n1);
+    const int32_t *pos = off->pos_of + (size_t)l * (size_t)o->m->n_ff;
+    bool all = true;
+    for (int k = 0; k < o->sel_n[chunk]; k++) {
+        const int32_t neuron = o->sel_idx[n0 + k], p = pos[neuron];
+        const int64_t at = find_bundle(o, l, (uint32_t)(p / off->per_bundle));
+        if (at == MISSING) all = false;
+        else o->at[neuron] = place(o, (uint64_t)at + (uint64_t)(p % off->per_bundle) * off->neuron_bytes);
+    }
+    return all;
+}
+
+/* Unpins this round's cold bundles and forgets what was found. */
+static void release(ffn_offload *o) {
+    for (int i = 0; i < o->n_pins; i++) ncache_unpin(o->cache, &o->pins[i]);
+    for (int i = 0; i < o->n_touched; i++) o->bundle_at[o->touched[i]] = UNSEEN;
+    o->n_pins = o->n_touched = o->n_missing = 0;
+}
+
+/* ---- computing the chunks whose rows are all found ---- */
+
+static void compute_worker(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    ffn_offload *o = j->o;
+    long c0, c1;
+    pool_split(j->n_chunks, ith, nth, &c0, &c1);
+    if (c0 == c1) return;
+    ffn_scratch *s = &j->scratch[ith];
+    int n = 0;
+    for (long i = c0; i < c1; i++) { /* the chunks' selections, one after another, as ffn_chunks_compute wants */
+        long n0, n1;
+        ffn_chunk_range(j->f->m, j->chunks[i], &n0, &n1);
+        s->start[i - c0] = n;
+        const int cnt = o->sel_n[j->chunks[i]];
+        memcpy(s->idx + n, o->sel_idx + n0, sizeof(int32_t) * (size_t)cnt);
+        memcpy(s->a + n, o->sel_gate + n0, sizeof(float) * (size_t)cnt);
+        n += cnt;
+    }
+    s->start[c1 - c0] = n;
+    ffn_chunks_compute(j->f, j->chunks + c0, (int)(c1 - c0), j->partials, s, NULL, NULL);
+}
+
+static void run_job(threadpool *pool, pool_fn fn, job *j, const int32_t *chunks, int n) {
+    j->chunks = chunks;
+    j->n_chunks = n;
+    if (n > 0) pool_run(pool, fn, j);
+}
+
+/* ---- the misses, read by the io-worker ---- */
+
+static int send_load(ffn_offload *o, int l) {
+    Pi2__BundleLoad body = PI2__BUNDLE_LOAD__INIT;
+    body.batch_id = ++o->batch_id;
+    body.layer = (uint32_t)l;
+    body.n_bundles = (size_t)o->n_missing;
+    body.bundles = o->missing;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, ++o->seq, 0);
+    env.body_case = PI2__ENVELOPE__BODY_BUNDLE_LOAD;
+    env.bundle_load = &body;
+    size_t len;
+    uint8_t *bytes = msg_pack_alloc(&env, &len);
+    int rc = bytes ? bus_send(o->sock, PI2_BUS_MSG, bytes, len) : BUS_ERR;
+    free(bytes);
+    return rc == BUS_OK ? 0 : -1;
+}
+
+/* Whether the io-worker looks alive: its row beats, under the pid it had when the batch went out. */
+static bool io_worker_alive(const stack_ctl *ctl, int32_t *pid) {
+    for (int i = 0; i < STACK_MAX_PROCS; i++) {
+        const proc_row *r = &ctl->procs[i];
+        if (strncmp(r->name, "io-worker", sizeof r->name)) continue;
+        const int32_t now = atomic_load(&r->pid);
+        const bool same = *pid == 0 || *pid == now;
+        *pid = now;
+        return same && clock_ms() - atomic_load(&r->heartbeat_ms) < IO_PATIENCE_MS;
+    }
+    return false;
+}
+
+/* Waits for the answer to batch o->batch_id. 0 with *unplaced; 1 abandoned
+ * (epoch); -1 with err (the io-worker's error). A lost io-worker (killed: the
+ * supervisor restarts it) gets the batch again. */
+static int await_load(ffn_offload *o, int l, uint32_t epoch, uint32_t *unplaced, char *err, size_t errlen) {
+    const stack_ctl *ctl = o->sv->ctl;
+    int32_t pid = 0;
+    io_worker_alive(ctl, &pid);
+    int64_t sent = clock_ms();
+    for (;;) {
+        if ((uint32_t)atomic_load(&ctl->epoch) != epoch || proc_stop) return 1;
+        struct bus_msg bm;
+        const int rc = bus_recv(o->sock, &bm, POLL_MS);
+        if (rc == BUS_OK && bm.type == PI2_BUS_MSG) {
+            char why[256];
+            Pi2__Envelope *env = msg_unpack(bm.data, bm.len, why, sizeof why);
+            if (!env) continue;
+            int done = -2;
+            if (msg_validate(env, &o->lim, why, sizeof why)) {
+                log_warn("dropped a message from the io-worker: %s", why);
+            } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOADED &&
+                       env->bundle_loaded->batch_id == o->batch_id) {
+                const Pi2__BundleLoaded *r = env->bundle_loaded;
+                o->stats.bytes_read += r->bytes;
+                *unplaced = r->unplaced;
+                done = 0;
+                if (r->error && *r->error) {
+                    snprintf(err, errlen, "%s", r->error);
+                    done = -1;
+                }
+            } else if (env->body_case == PI2__ENVELOPE__BODY_ERROR) {
+                snprintf(err, errlen, "the io-worker refused a BundleLoad: %s", env->error->message);
+                done = -1;
+            }
+            msg_free(env);
+            if (done != -2) return done;
+            continue;
+        }
+        if (clock_ms() - sent > IO_PATIENCE_MS && !io_worker_alive(ctl, &pid)) {
+            log_warn("layer %d: the io-worker did not answer %d missing bundles (restarted?); asking again", l,
+                     o->n_missing);
+            if (send_load(o, l) == 0) sent = clock_ms();
+        }
+    }
+}
+
+int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials,
+                    threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen) {
+    const int l = f->layer;
+    const uint64_t t0 = clock_us();
+    const ffn_rows rows = {o->base, o->off->unit, o->off->gate_bytes, o->off->gate_bytes + o->off->up_bytes, o->at,
+                           bundle_down_type(o->m), o->off->down_bytes};
+    f->rows = &rows;
+    job j = {.o = o, .f = f, .scratch = scratch, .partials = partials};
+    if (l == 0) o->stats.tokens++;
+    run_job(pool, select_worker, &j, chunks, n_chunks);
+    /* every round: find what is in memory, ask for the rest, compute what was found while it is read */
+    const int32_t *todo = chunks;
+    int n_todo = n_chunks, rc = 0;
+    for (int round = 0; n_todo > 0; round++) {
+        if (round == MAX_ROUNDS) {
+            snprintf(err, errlen, "layer %d: %d chunks still lack bundles after %d reads (every cold slot pinned?)", l,
+                     n_todo, MAX_ROUNDS);
+            rc = -1;
+            break;
+        }
+        int n_ready = 0, n_waiting = 0;
+        for (int i = 0; i < n_todo; i++) {
+            if (resolve_chunk(o, l, todo[i])) o->ready[n_ready++] = todo[i];
+            else o->waiting[n_waiting++] = todo[i];
+        }
+        o->stats.misses += (uint64_t)o->n_missing;
+        const bool asked = o->n_missing > 0 && send_load(o, l) == 0;
+        if (o->n_missing > 0 && !asked) {
+            snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
+            release(o);
+            rc = -1;
+            break;
+        }
+        run_job(pool, compute_worker, &j, o->ready, n_ready);
+        release(o);
+        /* the waiting chunks go first next round: copy them where ready was */
+        memcpy(o->ready, o->waiting, sizeof *o->waiting * (size_t)n_waiting);
+        todo = o->ready;
+        n_todo = n_waiting;
+        if (!asked) continue;
+        const uint64_t w0 = clock_us();
+        uint32_t unplaced = 0;
+        rc = await_load(o, l, epoch, &unplaced, err, errlen);
+        o->stats.wait_us += clock_us() - w0;
+        if (rc) break;
+    }
+    f->rows = NULL;
+    o->stats.ffn_us += clock_us() - t0;
+    return rc;
+}

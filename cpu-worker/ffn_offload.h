@@ -1,0 +1,42 @@
+/* A cpu-worker's FFN under a memory budget (docs/offload.md): the cluster-
+ * level pipeline. Per layer the worker selects its chunks' neurons (the
+ * predictor, or the resident gate rows in gate-first), finds each one's
+ * bundle in the hot region or pins it in the cold cache, sends the misses to
+ * the io-worker as one BundleLoad, computes the chunks whose rows are all in
+ * memory while the misses are read, then the rest as they land. The rows are
+ * the bundle file's copies of the model's bytes and each chunk sums in the
+ * same order, so the result is the unbudgeted run's, bit for bit. */
+#ifndef PI2_CPU_FFN_OFFLOAD_H
+#define PI2_CPU_FFN_OFFLOAD_H
+
+#include <stdint.h>
+
+#include "engine/ffn_chunks.h"
+#include "stack/stack_attach.h"
+#include "util/threadpool.h"
+
+typedef struct ffn_offload ffn_offload;
+
+/* Running counts (this worker's). */
+typedef struct {
+    uint64_t tokens;                 /* layer-0 steps seen */
+    uint64_t hot, cold_hits, misses; /* bundles found hot, found in the cold cache, read */
+    uint64_t bytes_read;
+    uint64_t wait_us, ffn_us;        /* waiting for misses; the whole FFN step */
+} ffn_offload_stats;
+
+/* Attaches runid's neuron cache segment and its slot table, and connects to
+ * the io-worker as `name`. NULL (logged) on failure. */
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name);
+void ffn_offload_free(ffn_offload *o);
+
+/* Layer f->layer's chunks[0..n_chunks) into partials[chunk][n_embd], with
+ * the pool's threads, scratch[i] for thread i. 0 done; 1 abandoned (the
+ * epoch changed); -1 an error that ends the generation, told in err (a
+ * bundle that could not be read). */
+int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials,
+                    threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen);
+
+const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o);
+
+#endif

@@ -1,0 +1,153 @@
+/* The io-worker's part in a stack under a memory budget (docs/offload.md):
+ * reading the hot region at start-up (IoReadBatch with IO_TARGET_HOT) and
+ * the cpu-workers' misses (BundleLoad) from the plan's bundle file, through
+ * a ring of its own, into the neuron cache segment. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io_worker.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "stack/msg.h"
+
+enum { FAULT_EIO = 1, FAULT_SHORT, FAULT_CORRUPT };
+
+/* PI2_BUNDLE_FAULT=eio:N|short:N|corrupt:N spoils the next N bundle reads
+ * (tests: fewer than BUNDLE_READ_TRIES are retried away, more end the
+ * generation with the error). */
+static void parse_fault(io_worker *w) {
+    const char *v = getenv("PI2_BUNDLE_FAULT");
+    if (!v) return;
+    static const char *kinds[] = {NULL, "eio:", "short:", "corrupt:"};
+    for (int k = FAULT_EIO; k <= FAULT_CORRUPT; k++)
+        if (!strncmp(v, kinds[k], strlen(kinds[k]))) {
+            w->bundle_fault_kind = k;
+            w->bundle_fault_left = strtoull(v + strlen(kinds[k]), NULL, 10);
+            log_warn("PI2_BUNDLE_FAULT: the next %llu bundle reads fail (%s)", (unsigned long long)w->bundle_fault_left, v);
+            return;
+        }
+    log_warn("PI2_BUNDLE_FAULT=%s is not eio:N, short:N or corrupt:N; ignored", v);
+}
+
+static void spoil_read(void *ctx, const bundle_key *key, io_job *job) {
+    (void)key;
+    io_worker *w = ctx;
+    if (!w->bundle_fault_left || job->result <= 0) return;
+    w->bundle_fault_left--;
+    if (w->bundle_fault_kind == FAULT_EIO) job->result = -EIO;
+    else if (w->bundle_fault_kind == FAULT_SHORT) job->result /= 2;
+    else ((uint8_t *)job->dest)[job->length / 2] ^= 0x5a;
+}
+
+void iow_close_offload(io_worker *w) {
+    ncache_detach(w->cache);
+    shm_detach(w->ffn_seg);
+    uring_reader_close(w->bundle_reader);
+    offload_close(&w->off);
+    if (w->budgeted) model_free(&w->m);
+    w->cache = NULL;
+    w->ffn_seg = NULL;
+    w->bundle_reader = NULL;
+    w->hot = NULL;
+    w->budgeted = false;
+}
+
+int iow_open_offload(io_worker *w) {
+    if (w->budgeted && !shm_is_stale(w->ffn_seg)) return 0;
+    if (w->budgeted) {
+        log_info("the neuron cache segment was replaced; re-attaching");
+        iow_close_offload(w);
+    }
+    if (!w->ctl) { /* cachemgr made the control segment before asking for reads: attach it now, not at the next try */
+        w->next_ctl_try_ms = 0;
+        iow_beat(w);
+    }
+    if (!w->ctl || !w->ctl->plan_path[0]) return w->ctl ? 0 : -1;
+    char err[1024], name[SHM_NAME_MAX];
+    if (model_load(&w->m, w->model_path, err, sizeof err)) {
+        log_error("%s", err);
+        return -1;
+    }
+    w->budgeted = true; /* from here iow_close_offload frees the model */
+    if (offload_open(&w->off, &w->m, w->model_path, w->ctl->plan_path, false, err, sizeof err) ||
+        !(w->bundle_reader = uring_reader_open(w->off.bundle_path, (unsigned)w->queue_depth, err, sizeof err))) {
+        log_error("%s", err);
+        goto fail;
+    }
+    if (shm_make_name(name, sizeof name, w->runid, STACK_SEG_FFN) ||
+        !(w->ffn_seg = shm_attach(name, SHM_KIND_SLOTS, SHM_ATTACH_NO_POPULATE)) ||
+        !(w->hot = shm_region_ptr(w->ffn_seg, "hot", &w->hot_bytes))) {
+        log_error("neuron cache segment %s: %s", name, shm_last_error());
+        goto fail;
+    }
+    w->loader = (bundle_loader){.b = &w->off.bundles, .path = w->off.bundle_path, .reader = w->bundle_reader,
+                                .verify = true, .fault = spoil_read, .fault_ctx = w};
+    parse_fault(w);
+    log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes", w->off.bundle_path, w->off.cold_slots,
+             w->off.stride);
+    return 0;
+fail:
+    iow_close_offload(w);
+    return -1;
+}
+
+int iow_attach_cache(io_worker *w) {
+    if (w->cache) return 0;
+    if (!w->ctl || !atomic_load(&w->ctl->weights_ready)) return -1;
+    uint64_t cold_bytes, table_bytes;
+    uint8_t *cold = shm_region_ptr(w->ffn_seg, "cold", &cold_bytes);
+    void *table = shm_region_ptr(w->ffn_seg, "table", &table_bytes);
+    char err[512];
+    if (!cold || !table || !(w->cache = ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err))) {
+        log_error("slot table: %s", cold && table ? err : "a region is missing");
+        return -1;
+    }
+    ncache_writer_restart(w->cache); /* slots a killed predecessor left loading */
+    w->loader.cache = w->cache;
+    return 0;
+}
+
+static void answer(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, Pi2__BundleLoaded *done) {
+    Pi2__Envelope env;
+    msg_envelope_init(&env, ++w->seq, req->session);
+    env.body_case = PI2__ENVELOPE__BODY_BUNDLE_LOADED;
+    env.bundle_loaded = done;
+    iow_reply(w, m, &env);
+}
+
+void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req) {
+    const Pi2__BundleLoad *r = req->bundle_load;
+    Pi2__BundleLoaded done = PI2__BUNDLE_LOADED__INIT;
+    done.batch_id = r->batch_id;
+    char err[1024] = "";
+    if (iow_open_offload(w) || !w->budgeted || iow_attach_cache(w)) {
+        snprintf(err, sizeof err, "the io-worker has no neuron cache to load into (is the stack budgeted?)");
+        done.error = err;
+        answer(w, m, req, &done);
+        return;
+    }
+    bundle_key *keys = malloc(sizeof *keys * r->n_bundles);
+    if (!keys) {
+        done.error = "the io-worker is out of memory";
+        answer(w, m, req, &done);
+        return;
+    }
+    for (size_t i = 0; i < r->n_bundles; i++) keys[i] = (bundle_key){r->layer, r->bundles[i]};
+    const bundle_load_stats before = w->loader.stats;
+    const uint64_t t0 = clock_us();
+    int unplaced = 0;
+    w->state = PROC_BUSY;
+    if (bundle_loader_load(&w->loader, keys, (int)r->n_bundles, &unplaced, err, sizeof err)) {
+        log_error("%s", err);
+        done.error = err;
+    }
+    w->state = PROC_READY;
+    done.loaded = (uint32_t)(w->loader.stats.bundles - before.bundles);
+    done.bytes = w->loader.stats.bytes - before.bytes;
+    done.unplaced = (uint32_t)unplaced;
+    done.time_us = clock_us() - t0;
+    free(keys);
+    answer(w, m, req, &done);
+}

@@ -1,0 +1,88 @@
+/* A stack under a memory budget (docs/offload.md): the layout every process
+ * of the stack computes alike from the model, the plan (lib/plan/plan_file.h)
+ * and the plan's bundle file (lib/plan/bundle.h).
+ *
+ * Weights segment ("data" region): only the preloaded tensors (attention,
+ * the output matrix, a quantized predictor or, in gate-first, every gate
+ * row; an F16 predictor is read once into each cpu-worker's Q8_0 copy), each
+ * file range rounded out to pages and packed, so one O_DIRECT read lands
+ * each. The FFN rows and the token embedding are not in it: tensors that are
+ * not preloaded keep pointing into the model file's mapping (the
+ * coordinator reads one embedding row per token from it; nothing else
+ * touches them).
+ *
+ * Neuron cache segment (STACK_SEG_FFN): region "hot" holds each layer's
+ * first plan.hot_bundles[l] bundles (the hottest, one sequential range of
+ * the bundle file per layer), region "cold" plan.cold_slots bundle-sized
+ * slots and region "table" their slot table (stack/neuron_cache.h).
+ *
+ * A neuron's rows are addressed for the sparse kernels as
+ * base + idx * unit (+ gate/up/down sub-offset), base the hot region and unit
+ * the largest power of two dividing a page and every row size, so a neuron
+ * anywhere in the hot or cold region is one int32 index. */
+#ifndef PI2_OFFLOAD_H
+#define PI2_OFFLOAD_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/ffn_mode.h"
+#include "engine/model.h"
+#include "plan.pb-c.h"
+#include "plan/bundle.h"
+#include "stack/neuron_cache.h"
+
+#define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table" */
+
+/* One page-aligned file range of preloaded tensors, and where it lands. */
+typedef struct {
+    uint64_t file_offset, bytes; /* multiples of 4096 (the last may end past the file: read short) */
+    uint64_t seg_offset;         /* in the weights segment's "data" region */
+} preload_range;
+
+typedef struct {
+    Pi2__Plan *plan;
+    bundle_file bundles;
+    char plan_path[PATH_MAX], bundle_path[PATH_MAX];
+    ffn_mode mode;                 /* the plan's: FFN_PREDICTOR or FFN_GATE_FIRST */
+    bool side_predictor;           /* the plan names a pi2-predictor side file: fc1/fc2 stay unloaded */
+    int n_ranges;
+    preload_range *ranges;
+    uint64_t preload_bytes;        /* the weights segment's "data" region */
+    uint64_t *hot_offset;          /* [n_layer]: layer l's hot bundles in the hot region */
+    uint64_t hot_bytes, cold_bytes, table_bytes;
+    uint32_t cold_slots;
+    size_t stride, gate_bytes, up_bytes, down_bytes, neuron_bytes;
+    int per_bundle;
+    long n_bundles;                /* per layer */
+    int32_t *pos_of;               /* [n_layer][n_ff]: a neuron's place in its layer's bundle order; NULL
+                                    * unless asked for */
+    size_t unit;
+} offload;
+
+/* Loads and validates the plan at plan_path against m (model_path names it)
+ * and the bundle file it names, and computes the layout. positions: also
+ * pos_of (the cpu-workers). 0, or -1 with err naming the file and field. */
+int offload_open(offload *o, const model *m, const char *model_path, const char *plan_path, bool positions,
+                 char *err, size_t errlen);
+void offload_close(offload *o);
+
+/* Whether w is one of the preloaded tensors. */
+bool offload_preloads(const offload *o, const model *m, const weight *w);
+/* Points every preloaded tensor of m into image (the weights segment's data
+ * region, preload_bytes long); the others keep pointing into the file. */
+int offload_rebase(const offload *o, model *m, const uint8_t *image, uint64_t image_bytes);
+
+/* Region sizes as the segment is created (a region is never empty). */
+static inline uint64_t offload_hot_region_bytes(const offload *o) { return o->hot_bytes ? o->hot_bytes : 4096; }
+/* cold_bytes is at least one slot's, for the same reason. */
+
+/* The slot table's shape: (layer, expert 0, bundle) keys, cold-region slots of a bundle's stride. */
+ncache_shape offload_cache_shape(const offload *o, const model *m);
+
+/* Layer l's hot bundles in the bundle file: [*file_offset, + *bytes). */
+void offload_hot_range(const offload *o, int l, uint64_t *file_offset, uint64_t *bytes);
+
+#endif

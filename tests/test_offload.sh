@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A model larger than its memory budget (docs/offload.md), end to end on a
+# PWRI file of 524 MiB whose FFN is most of it:
+#   - pi2 plan at 100 %, 60 % and 50 % of the file, and `pi2 up --plan` of
+#     each inside a cgroup v1 memory cap equal to the budget with a cold page
+#     cache (when root): nothing is killed, nothing restarts, and the text of
+#     a generation (prompt through the npu-worker's streamed prefill, decode
+#     through the neuron cache) equals the unbudgeted stack's in predictor mode;
+#   - `pi2 up --mem-budget` under the floor is refused with the floor named;
+#   - injected bundle read errors: a few are read again (same text), a
+#     persistent one ends the generation with an error naming the bundle
+#     file, never with other text;
+#   - the io-worker killed with -9 while misses are in flight: same text.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+RUN_BASE="to$$"
+# shellcheck source=tests/sh/stack_common.sh
+. tests/sh/stack_common.sh
+require_programs pi2 planner mkmodel cachemgr io-worker cpu-worker npu-worker coordinator
+
+export XDG_CACHE_HOME=$TMP/cache
+MODEL=$TMP/m.pwri
+"$BIN/mkmodel" -o "$MODEL" --preset small --dim 1024 --ff 16384 --layers 16 --heads 16 --kv-heads 4 --vocab 512 \
+    --ctx 128 --act relu --pwri --seed 5 >/dev/null 2>&1
+check "mkmodel writes the test model" $?
+cat >"$TMP/off.conf" <<'EOF'
+cachemgr cpus=0
+io-worker cpus=1
+coordinator cpus=0
+npu-worker cpus=0-1 threads=2
+cpu-worker cpus=0 threads=1
+cpu-worker cpus=1 threads=1
+max-prefill=32
+ctx=128
+EOF
+PROMPT="Once upon a time there was a little"
+SIZE=$(stat -c %s "$MODEL")
+
+generate() { # generate RUN OUT [env...]: pi2 run of the prompt into OUT; its status
+    local run=$1 out=$2
+    shift 2
+    env "$@" "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$out" 2>"$out.err"
+}
+
+new_run R
+"$PI2" up -r "$R" -c "$TMP/off.conf" -m "$MODEL" --ffn predictor >/dev/null 2>&1
+check "the unbudgeted stack comes up (predictor mode)" $?
+generate "$R" "$TMP/ref.txt"
+check "the unbudgeted stack generates" $?
+"$PI2" down -r "$R" >/dev/null 2>&1
+
+CG_ROOT=/sys/fs/cgroup/memory
+can_cap=0
+if [ "$(id -u)" = 0 ] && [ -w "$CG_ROOT" ]; then can_cap=1; else echo "skipped: the memory caps (need root and cgroup v1 at $CG_ROOT); budgets run uncapped"; fi
+
+budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
+    local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg=""
+    "$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$MODEL" --mem-budget "${mib}M" \
+        -o "$TMP/plan-$pct" >/dev/null 2>"$TMP/plan-$pct.err"
+    check "pi2 plan at $pct % of the file (${mib} MiB)" $?
+    new_run run
+    local cmd=("$PI2" up -r "$run" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-$pct")
+    if ((can_cap)); then
+        cg=$CG_ROOT/pi2-$run
+        mkdir "$cg" && echo $((mib << 20)) >"$cg/memory.limit_in_bytes"
+        sync && echo 3 >/proc/sys/vm/drop_caches
+        bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "${cmd[@]}" >/dev/null 2>"$TMP/up-$pct.err"
+    else
+        "${cmd[@]}" >/dev/null 2>"$TMP/up-$pct.err"
+    fi
+    check "pi2 up --plan at $pct %" $?
+    if [ -n "$cg" ]; then
+        bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
+            "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$TMP/out-$pct.txt" 2>/dev/null
+    else
+        generate "$run" "$TMP/out-$pct.txt"
+    fi
+    cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
+    check "at $pct % of the file the text equals the unbudgeted run's" $?
+    "$PI2" status -r "$run" | awk '$1 ~ /^(cachemgr|io-worker|coordinator|npu-worker|cpu-worker)/ && NF == 5 { r += $5 } END { exit r != 0 }'
+    check "at $pct %: no process restarted" $?
+    if [ -n "$cg" ]; then
+        [ "$(awk '/^oom_kill / { print $2 }' "$cg/memory.oom_control")" = 0 ]
+        check "at $pct %: nothing killed for memory under the ${mib} MiB cap" $?
+    fi
+    [ "$pct" = 50 ] || "$PI2" down -r "$run" >/dev/null 2>&1
+    [ -n "$cg" ] && [ "$pct" != 50 ] && rmdir "$cg" 2>/dev/null
+    LAST_RUN=$run LAST_CG=$cg
+}
+for pct in 100 60 50; do budgeted "$pct"; done
+
+# faults, on the 50 % stack (the most misses)
+R50=$LAST_RUN
+in_cap() { if [ -n "$LAST_CG" ]; then bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$LAST_CG" "$@"; else "$@"; fi; }
+iow=$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")
+( sleep 0.3; kill -9 "$iow" ) &
+in_cap "$PI2" run -r "$R50" -p "$PROMPT" -n 24 --seed 1 >"$TMP/kill.txt" 2>/dev/null
+wait
+cmp -s "$TMP/ref.txt" "$TMP/kill.txt"
+check "the io-worker killed -9 mid-generation: the same text" $?
+restarted "$("$PI2" rundir -r "$R50")" io-worker "$iow"
+check "the supervisor restarted the io-worker" $?
+"$PI2" down -r "$R50" >/dev/null 2>&1
+[ -n "$LAST_CG" ] && rmdir "$LAST_CG" 2>/dev/null
+
+new_run RF
+PI2_BUNDLE_FAULT=eio:2 "$PI2" up -r "$RF" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1
+generate "$RF" "$TMP/eio2.txt"
+cmp -s "$TMP/ref.txt" "$TMP/eio2.txt"
+check "two bundle reads failing with EIO are read again: the same text" $?
+"$PI2" down -r "$RF" >/dev/null 2>&1
+new_run RF
+PI2_BUNDLE_FAULT=corrupt:100000 "$PI2" up -r "$RF" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1
+generate "$RF" "$TMP/bad.txt"
+st=$?
+[ $st -ne 0 ] && grep -q "bundles.gguf.*\(checksum\|match\)" "$TMP/bad.txt.err"
+check "bundles that keep reading corrupt end the generation with an error naming the bundle file" $?
+# what was printed before the error (the prompt, the prefill's token) is the start of the right text
+head -c -1 "$TMP/bad.txt" >"$TMP/bad.trim"
+cmp -s "$TMP/bad.trim" <(head -c "$(stat -c %s "$TMP/bad.trim")" "$TMP/ref.txt")
+check "... and never with other text" $?
+"$PI2" down -r "$RF" >/dev/null 2>&1
+
+# under the floor
+new_run RL
+"$PI2" up -r "$RL" -c "$TMP/off.conf" -m "$MODEL" --mem-budget 64M >/dev/null 2>"$TMP/low.err"
+st=$?
+[ $st -ne 0 ] && grep -q "needs at least .*MiB" "$TMP/low.err"
+check "pi2 up --mem-budget under the floor is refused with the floor named" $?
+no_leftovers "$RL"
+check "... and starts nothing" $?
