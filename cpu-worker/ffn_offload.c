@@ -43,6 +43,7 @@ struct ffn_offload {
     uint32_t *touched, *missing; /* [n_bundles] */
     int n_pins, n_touched, n_missing;
     int32_t *ready, *waiting;    /* [n_chunks]: chunk ids */
+    ffn_rows rows;               /* how the kernels address the rows found (at[] filled per layer) */
     ffn_offload_stats stats;
 };
 
@@ -109,6 +110,9 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     for (size_t b = 0; b < n_b; b++) o->bundle_at[b] = UNSEEN;
     o->lim = (msg_limits){.n_layer = (uint32_t)o->m->n_layer, .n_bundles = (uint32_t)n_b};
     o->batch_id = (uint64_t)getpid() << 32;
+    const offload *off = o->off;
+    o->rows = (ffn_rows){o->base, off->unit, off->gate_bytes, off->gate_bytes + off->up_bytes, o->at,
+                         bundle_down_type(o->m), off->down_bytes};
     log_info("budgeted FFN: %.1f MiB hot, %u cold slots, misses read by the io-worker", o->off->hot_bytes / 1048576.0,
              o->off->cold_slots);
     return o;
@@ -159,11 +163,13 @@ static void select_worker(void *ctx, int ith, int nth) {
 /* A row's index for the kernels from its byte offset from the base. */
 static int32_t place(const ffn_offload *o, uint64_t bytes) { return (int32_t)(bytes / o->off->unit); }
 
-/* Bundle b of layer l: hot, pinned (now, if cached), or missing. Its byte offset from base, or MISSING. */
-static int64_t find_bundle(ffn_offload *o, int l, uint32_t b) {
+/* Bundle b of layer l: hot, pinned (now, if cached), or missing. Its byte
+ * offset from base, or MISSING. count: the first look of this layer (a later
+ * round finds again what it counted, or what it read). */
+static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     const offload *off = o->off;
     if (b < off->plan->hot_bundles[l]) {
-        o->stats.hot++;
+        o->stats.hot += count;
         return (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
     }
     if (o->bundle_at[b] != UNSEEN) return o->bundle_at[b];
@@ -175,12 +181,12 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b) {
         return o->bundle_at[b] = MISSING;
     }
     o->pins[o->n_pins++] = ref;
-    o->stats.cold_hits++;
+    o->stats.cold_hits += count;
     return o->bundle_at[b] = p - o->base;
 }
 
 /* Each selected neuron of the chunk: its place in at[]. False when one of its bundles is missing. */
-static bool resolve_chunk(ffn_offload *o, int l, int chunk) {
+static bool resolve_chunk(ffn_offload *o, int l, int chunk, bool count) {
     const offload *off = o->off;
     long n0, n1;
     ffn_chunk_range(o->m, chunk, &n0, &n1);
@@ -188,18 +194,19 @@ static bool resolve_chunk(ffn_offload *o, int l, int chunk) {
     bool all = true;
     for (int k = 0; k < o->sel_n[chunk]; k++) {
         const int32_t neuron = o->sel_idx[n0 + k], p = pos[neuron];
-        const int64_t at = find_bundle(o, l, (uint32_t)(p / off->per_bundle));
+        const int64_t at = find_bundle(o, l, (uint32_t)(p / off->per_bundle), count);
         if (at == MISSING) all = false;
         else o->at[neuron] = place(o, (uint64_t)at + (uint64_t)(p % off->per_bundle) * off->neuron_bytes);
     }
     return all;
 }
 
-/* Unpins this round's cold bundles and forgets what was found. */
+/* Unpins this round's cold bundles and forgets what was found (the miss
+ * list stays: it is what a lost io-worker is asked for again). */
 static void release(ffn_offload *o) {
     for (int i = 0; i < o->n_pins; i++) ncache_unpin(o->cache, &o->pins[i]);
     for (int i = 0; i < o->n_touched; i++) o->bundle_at[o->touched[i]] = UNSEEN;
-    o->n_pins = o->n_touched = o->n_missing = 0;
+    o->n_pins = o->n_touched = 0;
 }
 
 /* ---- computing the chunks whose rows are all found ---- */
@@ -263,10 +270,11 @@ static bool io_worker_alive(const stack_ctl *ctl, int32_t *pid) {
     return false;
 }
 
-/* Waits for the answer to batch o->batch_id. 0 with *unplaced; 1 abandoned
- * (epoch); -1 with err (the io-worker's error). A lost io-worker (killed: the
- * supervisor restarts it) gets the batch again. */
-static int await_load(ffn_offload *o, int l, uint32_t epoch, uint32_t *unplaced, char *err, size_t errlen) {
+/* Waits for the answer to batch o->batch_id. 0 when answered (bundles that
+ * found no slot are missed again next round); 1 abandoned (epoch); -1 with
+ * err (the io-worker's error). A lost io-worker (killed: the supervisor
+ * restarts it) gets the batch again. */
+static int await_load(ffn_offload *o, int l, uint32_t epoch, char *err, size_t errlen) {
     const stack_ctl *ctl = o->sv->ctl;
     int32_t pid = 0;
     io_worker_alive(ctl, &pid);
@@ -286,7 +294,6 @@ static int await_load(ffn_offload *o, int l, uint32_t epoch, uint32_t *unplaced,
                        env->bundle_loaded->batch_id == o->batch_id) {
                 const Pi2__BundleLoaded *r = env->bundle_loaded;
                 o->stats.bytes_read += r->bytes;
-                *unplaced = r->unplaced;
                 done = 0;
                 if (r->error && *r->error) {
                     snprintf(err, errlen, "%s", r->error);
@@ -312,9 +319,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
                     threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen) {
     const int l = f->layer;
     const uint64_t t0 = clock_us();
-    const ffn_rows rows = {o->base, o->off->unit, o->off->gate_bytes, o->off->gate_bytes + o->off->up_bytes, o->at,
-                           bundle_down_type(o->m), o->off->down_bytes};
-    f->rows = &rows;
+    f->rows = &o->rows;
     job j = {.o = o, .f = f, .scratch = scratch, .partials = partials};
     if (l == 0) o->stats.tokens++;
     run_job(pool, select_worker, &j, chunks, n_chunks);
@@ -329,13 +334,13 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
             break;
         }
         int n_ready = 0, n_waiting = 0;
+        o->n_missing = 0;
         for (int i = 0; i < n_todo; i++) {
-            if (resolve_chunk(o, l, todo[i])) o->ready[n_ready++] = todo[i];
+            if (resolve_chunk(o, l, todo[i], round == 0)) o->ready[n_ready++] = todo[i];
             else o->waiting[n_waiting++] = todo[i];
         }
-        o->stats.misses += (uint64_t)o->n_missing;
-        const bool asked = o->n_missing > 0 && send_load(o, l) == 0;
-        if (o->n_missing > 0 && !asked) {
+        if (round == 0) o->stats.misses += (uint64_t)o->n_missing;
+        if (o->n_missing > 0 && send_load(o, l)) {
             snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
             release(o);
             rc = -1;
@@ -343,14 +348,13 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         }
         run_job(pool, compute_worker, &j, o->ready, n_ready);
         release(o);
+        if (!o->n_missing) break; /* every chunk was ready */
         /* the waiting chunks go first next round: copy them where ready was */
         memcpy(o->ready, o->waiting, sizeof *o->waiting * (size_t)n_waiting);
         todo = o->ready;
         n_todo = n_waiting;
-        if (!asked) continue;
         const uint64_t w0 = clock_us();
-        uint32_t unplaced = 0;
-        rc = await_load(o, l, epoch, &unplaced, err, errlen);
+        rc = await_load(o, l, epoch, err, errlen);
         o->stats.wait_us += clock_us() - w0;
         if (rc) break;
     }

@@ -122,8 +122,8 @@ void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope 
     Pi2__BundleLoaded done = PI2__BUNDLE_LOADED__INIT;
     done.batch_id = r->batch_id;
     char err[1024] = "";
-    if (iow_open_offload(w) || !w->budgeted || iow_attach_cache(w)) {
-        snprintf(err, sizeof err, "the io-worker has no neuron cache to load into (is the stack budgeted?)");
+    if (iow_attach_cache(w)) { /* iow_serve opened the plan: BundleLoad is refused on a stack without one */
+        snprintf(err, sizeof err, "the io-worker has no neuron cache to load into yet");
         done.error = err;
         answer(w, m, req, &done);
         return;

@@ -129,3 +129,6 @@ st=$?
 check "pi2 up --mem-budget under the floor is refused with the floor named" $?
 no_leftovers "$RL"
 check "... and starts nothing" $?
+
+# the caps' cgroups (their processes are gone with the runs)
+for cg in "$CG_ROOT"/pi2-"$RUN_BASE"-*; do if [ -d "$cg" ]; then rmdir "$cg"; fi; done

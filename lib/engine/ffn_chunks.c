@@ -59,14 +59,6 @@ static const void *act_for_type(const act_vec *a, uint32_t type) {
     return type == GGML_TYPE_F16 ? (const void *)a->f16 : (const void *)a->q8;
 }
 
-/* Chunk `chunk`'s down_t rows, and the neuron of its row 0. */
-static const weight *chunk_down_t(const ffn_layer *f, int chunk, long *first) {
-    long n0, n1;
-    ffn_chunk_range(f->m, chunk, &n0, &n1);
-    *first = f->down_t_chunks ? n0 : f->down_t_first;
-    return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
-}
-
 enum { ROW_GATE, ROW_UP, ROW_DOWN };
 
 /* The view of one of a layer's row sets in f->rows' layout: a weight whose
@@ -87,17 +79,29 @@ static const int32_t *rows_at(const ffn_layer *f, const int32_t *idx, int n, int
     return out;
 }
 
+/* Chunk `chunk`'s down_t rows (view: storage for the neuron cache's) and
+ * the neuron of its row 0 (f->rows: unused, down_row maps through at[]). */
+static const weight *chunk_down_t(const ffn_layer *f, int chunk, weight *view, long *first) {
+    long n0, n1;
+    ffn_chunk_range(f->m, chunk, &n0, &n1);
+    *first = f->down_t_chunks ? n0 : f->down_t_first;
+    if (f->rows) return *view = rows_view(f, ROW_DOWN), view;
+    return f->down_t_chunks ? &f->down_t_chunks[chunk] : f->down_t;
+}
+
+/* The row of `neuron` in chunk_down_t's weight. */
+static int32_t down_row(const ffn_layer *f, long first, int32_t neuron) {
+    return f->rows ? f->rows->at[neuron] : neuron - (int32_t)first;
+}
+
 /* The first rows chunk_down will read for a chunk's firing neurons idx[0..fired). */
 static void chunk_then(const ffn_layer *f, int chunk, const int32_t *idx, int fired, sparse_then *then) {
-    if (f->rows) {
-        const weight v = rows_view(f, ROW_DOWN);
-        then->count = fired < AXPY_Q4_GROUP ? fired : AXPY_Q4_GROUP;
-        for (int k = 0; k < then->count; k++) then->rows[k] = (const char *)v.data + (size_t)f->rows->at[idx[k]] * v.row_bytes;
-        return;
-    }
     long first;
-    const weight *dt = chunk_down_t(f, chunk, &first);
-    sparse_then_rows(then, dt->data, dt->row_bytes, idx, fired, first);
+    weight view;
+    const weight *dt = chunk_down_t(f, chunk, &view, &first);
+    then->count = fired < AXPY_Q4_GROUP ? fired : AXPY_Q4_GROUP;
+    for (int k = 0; k < then->count; k++)
+        then->rows[k] = (const char *)dt->data + (size_t)down_row(f, first, idx[k]) * dt->row_bytes;
 }
 
 /* out[k] = w row idx[k] . in, the dense dot's bits; `then` as sparse_then. */
@@ -216,14 +220,10 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
         st->bytes += (uint64_t)n * w->up.row_bytes;
         return;
     }
-    if (f->rows) {
-        layer_weights v = *w;
-        v.gate = gate;
-        v.up = up;
-        gather_dot2(f, &v, rows, n, s->a, s->b, &then);
-    } else {
-        gather_dot2(f, w, rows, n, s->a, s->b, &then);
-    }
+    layer_weights v = *w;
+    v.gate = gate;
+    v.up = up;
+    gather_dot2(f, &v, rows, n, s->a, s->b, &then);
     st->bytes += (uint64_t)n * (w->gate.row_bytes + w->up.row_bytes);
 }
 
@@ -233,12 +233,10 @@ static void gather_gate_up(const ffn_layer *f, const int32_t *chunks, ffn_scratc
 static void chunk_down(const ffn_layer *f, int chunk, int32_t *idx, const float *h, int fired, float *partial,
                        const sparse_then *then, ffn_chunk_stats *st) {
     const model *m = f->m;
-    long first = 0;
+    long first;
     weight view;
-    const weight *dt = f->rows ? (view = rows_view(f, ROW_DOWN), &view) : chunk_down_t(f, chunk, &first);
-    if (f->rows) rows_at(f, idx, fired, idx);
-    else
-        for (int k = 0; k < fired; k++) idx[k] -= (int32_t)first;
+    const weight *dt = chunk_down_t(f, chunk, &view, &first);
+    for (int k = 0; k < fired; k++) idx[k] = down_row(f, first, idx[k]);
     memset(partial, 0, sizeof(float) * (size_t)m->n_embd);
     sparse_kernels_for_type(f->axpy, dt->type)
         ->axpy(dt->data, dt->row_bytes, idx, h, fired, partial, m->n_embd, then);

@@ -14,11 +14,6 @@
 static uint64_t page_down(uint64_t x) { return x & ~(uint64_t)(PAGE - 1); }
 static uint64_t page_up(uint64_t x) { return (x + PAGE - 1) & ~(uint64_t)(PAGE - 1); }
 
-static int fail(char *err, size_t errlen, const char *fmt, const char *a, const char *b) {
-    snprintf(err, errlen, fmt, a, b);
-    return -1;
-}
-
 /* The plan file: path itself, or path/plan.pb for a directory. */
 static int plan_file_of(const char *path, char *out, size_t len) {
     struct stat st;
@@ -33,10 +28,11 @@ static int bundle_path_of(const char *plan_path, const char *rel, char *out, siz
     return snprintf(out, len, "%.*s/%s", dir_len, slash ? plan_path : ".", rel) >= (int)len ? -1 : 0;
 }
 
-bool offload_preloads(const offload *o, const model *m, const weight *w) {
+/* Whether w is one of the preloaded tensors. */
+static bool offload_preloads(const offload *o, const model *m, const weight *w) {
     if (!w->data) return false;
     if (w == &m->tok_embd) return m->tied_output; /* else read a row per token from the file */
-    if (w == &m->output) return true;
+    if (w == &m->output) return !m->tied_output; /* a tied output is the embedding, preloaded as that */
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
         if (w == &L->wq || w == &L->wk || w == &L->wv || w == &L->wo) return true;
@@ -79,7 +75,7 @@ static int make_ranges(offload *o, const model *m, char *err, size_t errlen) {
     const int n_all = for_each_weight(m, all);
     int n = 0;
     for (int i = 0; i < n_all; i++) {
-        if (!offload_preloads(o, m, all[i]) || (all[i] == &m->output && m->tied_output)) continue;
+        if (!offload_preloads(o, m, all[i])) continue;
         const uint64_t at = (uint64_t)((const uint8_t *)all[i]->data - m->gguf.base);
         o->ranges[n++] = (preload_range){page_down(at), page_up(at + weight_bytes(all[i])) - page_down(at), 0};
     }
@@ -122,12 +118,14 @@ static int make_positions(offload *o, const model *m, char *err, size_t errlen) 
 int offload_open(offload *o, const model *m, const char *model_path, const char *plan_path, bool positions,
                  char *err, size_t errlen) {
     memset(o, 0, sizeof *o);
-    if (plan_file_of(plan_path, o->plan_path, sizeof o->plan_path))
-        return fail(err, errlen, "plan path %s%s is too long", plan_path, "");
+    if (plan_file_of(plan_path, o->plan_path, sizeof o->plan_path)) {
+        snprintf(err, errlen, "plan path %s is too long", plan_path);
+        return -1;
+    }
     if (!(o->plan = plan_load(o->plan_path, m, model_path, err, errlen))) return -1;
     const Pi2__Plan *p = o->plan;
     if (bundle_path_of(o->plan_path, p->bundle_file, o->bundle_path, sizeof o->bundle_path)) {
-        fail(err, errlen, "%s: bundle_file %s makes too long a path", o->plan_path, p->bundle_file);
+        snprintf(err, errlen, "%s: bundle_file %s makes too long a path", o->plan_path, p->bundle_file);
         goto fail;
     }
     if (bundle_open(&o->bundles, o->bundle_path, m, model_path, err, errlen) ||
@@ -189,7 +187,7 @@ int offload_rebase(const offload *o, model *m, const uint8_t *image, uint64_t im
     int bad = 0;
     for (int i = 0; i < n_all; i++) {
         weight *w = all[i];
-        if (!offload_preloads(o, m, w) || (w == &m->output && m->tied_output)) continue;
+        if (!offload_preloads(o, m, w)) continue;
         const uint64_t at = (uint64_t)((const uint8_t *)w->data - m->gguf.base), bytes = weight_bytes(w);
         const preload_range *r = NULL;
         for (int k = 0; k < o->n_ranges && !r; k++)

@@ -69,8 +69,6 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
                  char *err, size_t errlen);
 void offload_close(offload *o);
 
-/* Whether w is one of the preloaded tensors. */
-bool offload_preloads(const offload *o, const model *m, const weight *w);
 /* Points every preloaded tensor of m into image (the weights segment's data
  * region, preload_bytes long); the others keep pointing into the file. */
 int offload_rebase(const offload *o, model *m, const uint8_t *image, uint64_t image_bytes);
