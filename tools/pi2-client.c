@@ -247,7 +247,7 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator,
                 break;
             }
             next_index++;
-            fwrite(t->piece.data, 1, t->piece.len, stdout);
+            if (t->piece.len) fwrite(t->piece.data, 1, t->piece.len, stdout); /* an empty piece has no data */
             fflush(stdout);
             break;
         }
