@@ -83,3 +83,26 @@ bench_median() {
     sort -g | awk '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
         printf "%.10g %.10g %.10g %d\n", v[1], m, v[NR], NR }'
 }
+
+# bench_prompt N: a prompt of exactly N tokens (BOS included) for the 7B files
+# (their synthetic vocabulary: mkmodel builds it from the vocabulary size
+# alone), made once word by word with pi2-ref ($REF) and kept in DIR
+bench_prompt() {
+    local n=$1 out=$DIR/prompt-$1.txt vocab=$DIR/vocab-32000.gguf text="" count=0 w
+    if [ -s "$out" ]; then cat "$out"; return; fi
+    [ -s "$vocab" ] || "$BUILD"/bin/mkmodel -o "$vocab" --preset tiny --vocab 32000 --seed 7 >/dev/null 2>&1
+    local words=(Once upon a time in a small village by the sea there lived an old fisherman who
+        told stories to the children every evening about storms ships whales and islands far away
+        where the sun never set and the rivers ran with honey and the mountains sang at night)
+    local i=0 c
+    # a word that would overshoot is skipped: a shorter one may land exactly on n
+    while ((count < n && i < 4 * n + 100)); do
+        w=${words[i % ${#words[@]}]}; i=$((i + 1))
+        c=$("$REF" -m "$vocab" -p "$text${text:+ }$w" -n 1 -t 1 -c 2048 --temp 0 2>&1 >/dev/null |
+            sed -n 's/.*prompt: \([0-9]*\) tokens.*/\1/p')
+        if ((c <= n)); then text="$text${text:+ }$w" count=$c; fi
+    done
+    [ "$count" -eq "$n" ] || { echo "bench: could not make a prompt of $n tokens (got $count)" >&2; exit 1; }
+    printf '%s' "$text" >"$out"
+    cat "$out"
+}

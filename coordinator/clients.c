@@ -74,8 +74,10 @@ void client_prompt_progress(coord *c) {
 }
 
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
-                     Pi2__GenerateStatus status) {
+                     Pi2__GenerateStatus status, const offload_tally *offload) {
     Pi2__GenerateDone d = PI2__GENERATE_DONE__INIT;
+    Pi2__OffloadStats os;
+    if (offload) d.offload = msg_offload_stats(&os, offload);
     d.n_prompt = n_prompt;
     d.n_generated = n_generated;
     d.prompt_ms = prompt_ms;

@@ -144,8 +144,9 @@ int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece
 /* PromptProgress to the client of the running generation, unless one went
  * out less than COORD_PROMPT_PROGRESS_MS ago; called from the pump. */
 void client_prompt_progress(coord *c);
+/* offload: the generation's neuron-cache counts under a budget, else NULL. */
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
-                     Pi2__GenerateStatus status);
+                     Pi2__GenerateStatus status, const offload_tally *offload);
 void gen_request_clear(gen_request *r);
 
 /* steps.c: one step of the schedule, re-sent after worker faults until it completes.

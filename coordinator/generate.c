@@ -143,6 +143,26 @@ static void error_text(const coord *c, int code, char *buf, size_t len) {
     if (used < len) snprintf(buf + used, len - used, ", not back within %d ms", c->opt.worker_wait_ms);
 }
 
+/* Each cpu-worker's neuron-cache counts now (zeros for a worker without a row yet). */
+static void offload_snapshot(const coord *c, offload_tally *each) {
+    for (int i = 0; i < c->params.n_cpu_workers; i++) {
+        const proc_row *r = ctl_proc_find(c->sv.ctl, c->cpu[i].name);
+        each[i] = r ? offload_counters_read(&r->offload) : (offload_tally){0};
+    }
+}
+
+/* The generation's counts: each worker's since start, merged. Every worker
+ * answered its last task after adding its counts, so they are all in. */
+static offload_tally offload_since(const coord *c, const offload_tally *start) {
+    offload_tally now[STACK_MAX_CPU_WORKERS], sum = {0};
+    offload_snapshot(c, now);
+    for (int i = 0; i < c->params.n_cpu_workers; i++) {
+        const offload_tally d = offload_tally_delta(&now[i], &start[i]);
+        offload_tally_merge(&sum, &d);
+    }
+    return sum;
+}
+
 void generate_serve(coord *c) {
     gen_request *r = &c->req;
     r->pending = false;
@@ -161,6 +181,8 @@ void generate_serve(coord *c) {
     if (n_prompt > 0) {
         double t0 = clock_seconds() * 1e3;
         decode_result res = {0, PI2__GENERATE_STATUS__GS_UNSPECIFIED, false};
+        offload_tally start[STACK_MAX_CPU_WORKERS];
+        offload_snapshot(c, start);
         int rc = prefill(c, tokens, n_prompt);
         double t1 = clock_seconds() * 1e3;
         if (!rc) rc = decode(c, n_prompt, mode, &res);
@@ -173,7 +195,9 @@ void generate_serve(coord *c) {
         } else if (res.client_gone) {
             log_warn("session %llu: the client left after %d tokens", (unsigned long long)c->session, res.n_gen);
         } else {
-            client_send_done(c, (uint32_t)n_prompt, (uint32_t)res.n_gen, t1 - t0, t2 - t1, res.status);
+            const offload_tally gen = offload_since(c, start);
+            client_send_done(c, (uint32_t)n_prompt, (uint32_t)res.n_gen, t1 - t0, t2 - t1, res.status,
+                             c->sv.budgeted ? &gen : NULL);
             log_info("session %llu: prompt %d tokens in %.1f ms, %d tokens in %.1f ms (%.2f tok/s)",
                      (unsigned long long)c->session, n_prompt, t1 - t0, res.n_gen, t2 - t1,
                      res.n_gen / ((t2 - t1) > 0 ? (t2 - t1) / 1e3 : 1e-9));

@@ -59,12 +59,6 @@ void worker_lost(worker *w, const char *why) {
     w->faults++;
 }
 
-static const proc_row *ctl_row(const coord *c, const char *name) {
-    for (int i = 0; i < STACK_MAX_PROCS; i++)
-        if (!strncmp(c->sv.ctl->procs[i].name, name, sizeof c->sv.ctl->procs[i].name)) return &c->sv.ctl->procs[i];
-    return NULL;
-}
-
 /* Same machine (we share memory): a pid that vanished or is a zombie is a
  * death we need not wait COORD_DEAD_MS for. */
 static bool process_gone(uint32_t pid) {
@@ -86,7 +80,7 @@ void workers_check_alive(coord *c, int64_t now_ms) {
     for (int i = 0; i <= n; i++) {
         worker *w = i < n ? &c->cpu[i] : &c->npu;
         if (!w->registered) continue;
-        const proc_row *r = ctl_row(c, w->name);
+        const proc_row *r = ctl_proc_find(c->sv.ctl, w->name);
         int32_t row_pid = r ? atomic_load(&r->pid) : 0;
         if (row_pid && (uint32_t)row_pid != w->pid) {
             /* A new process took the name: the one that registered is gone. */

@@ -53,6 +53,8 @@ struct decoder {
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
     ffn_offload *offload;         /* under a memory budget: the FFN rows come from the neuron cache */
+    uint64_t offload_layers;      /* its FFN layer steps */
+    offload_tally published;      /* its counts as last added to the ctl row */
     char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
 };
@@ -274,9 +276,11 @@ static int step_ffn_chunks(decoder *d, const decode_step *s) {
                     0, s->epoch};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
-    if (d->offload)
+    if (d->offload) {
+        d->offload_layers++;
         return ffn_offload_run(d->offload, &j.f, s->chunks, s->n_chunks, d->partials, d->pool, d->scratch, s->epoch,
                                d->error, sizeof d->error) < 0 ? DECODE_ERROR : 0;
+    }
     j.tag = ctl_barrier_tag(d->ctl); /* after the step's last barrier: the same in every worker */
     chunk_queue_publish(chunk_queue_at(d->queues, d->n_chunks, d->index), j.tag, s->chunks, s->n_chunks);
     pool_run(d->pool, chunks_worker, &j);
@@ -346,14 +350,27 @@ void decoder_set_chunk_delay(decoder *d, long us) { d->chunk_delay_us = us; }
 
 const char *decoder_error(const decoder *d) { return d->error; }
 
-static void log_offload_stats(const decoder *d, const char *who) {
+/* This worker's neuron-cache counts so far. */
+static offload_tally offload_now(const decoder *d) {
     const ffn_offload_stats *st = ffn_offload_get_stats(d->offload);
-    const double found = (double)(st->hot + st->cold_hits + st->misses), tokens = st->tokens ? (double)st->tokens : 1;
-    log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.0f bundles, %.2f MB "
-             "per token); FFN %.2f ms per token, %.2f of it waiting for reads",
-             who, (unsigned long long)st->tokens, found ? 100 * st->hot / found : 0,
-             found ? 100 * st->cold_hits / found : 0, found ? 100 * st->misses / found : 0, st->misses / tokens,
-             st->bytes_read / tokens / 1e6, st->ffn_us / tokens / 1e3, st->wait_us / tokens / 1e3);
+    return (offload_tally){st->tokens, d->offload_layers, st->hot, st->cold_hits, st->misses, st->bytes_read,
+                           st->wait_us, st->ffn_us};
+}
+
+void decoder_publish_stats(decoder *d, offload_counters *out) {
+    if (!d->offload || d->offload_layers == d->published.layers) return; /* no FFN step since the last time */
+    const offload_tally now = offload_now(d), step = offload_tally_delta(&now, &d->published);
+    offload_counters_add(out, &step);
+    d->published = now;
+}
+
+static void log_offload_stats(const decoder *d, const char *who) {
+    const offload_tally t = offload_now(d);
+    const offload_rates r = offload_tally_rates(&t);
+    log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.1f bundles, %.3f MB "
+             "per token); FFN %.3f ms per layer, %.1f%% of it waiting for reads",
+             who, (unsigned long long)t.tokens, 100 * r.hot, 100 * r.cold, 100 * r.read, r.bundles_per_token,
+             r.bytes_per_token / 1e6, r.ms_per_layer, 100 * r.wait_share);
 }
 
 void decoder_log_stats(const decoder *d, const char *who) {

@@ -55,6 +55,11 @@ const char *decoder_error(const decoder *d);
  * for experiments and tests of the chunk stealing (PI2_CHUNK_DELAY). */
 void decoder_set_chunk_delay(decoder *d, long us);
 
+/* Under a budget, adds the neuron cache's counts since the last call to
+ * out (this worker's ctl row, read by `pi2 status` and the coordinator);
+ * nothing otherwise. Called after each task, before its answer. */
+void decoder_publish_stats(decoder *d, offload_counters *out);
+
 /* Logs how many chunks this worker took from others, the neuron cache's
  * counts under a budget, and where the decode time went when
  * PI2_PHASE_TIMES=1 (phase_clock.h). */

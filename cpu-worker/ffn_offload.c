@@ -18,7 +18,7 @@
 #define MAX_ROUNDS 16       /* load-and-compute rounds of one layer before giving up (slots kept pinned) */
 #define IO_PATIENCE_MS 1000 /* a BundleLoad unanswered this long, with the io-worker's row not beating or
                              * under another pid, is sent again */
-#define POLL_MS 20
+#define POLL_MS 1 /* while misses are read: how often the waiting chunks are looked at */
 
 enum { UNSEEN = -3, MISSING = -2 };
 
@@ -138,6 +138,7 @@ const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o) { return &o
 
 typedef struct {
     ffn_offload *o;
+    threadpool *pool;
     const ffn_layer *f;
     const int32_t *chunks;
     int n_chunks;
@@ -238,6 +239,34 @@ static void run_job(threadpool *pool, pool_fn fn, job *j, const int32_t *chunks,
     if (n > 0) pool_run(pool, fn, j);
 }
 
+/* Whether every cold bundle of the chunk's selection is cached now (no pins taken). */
+static bool chunk_landed(const ffn_offload *o, int l, int chunk) {
+    const offload *off = o->off;
+    long n0, n1;
+    ffn_chunk_range(o->m, chunk, &n0, &n1);
+    const int32_t *pos = off->pos_of + (size_t)l * (size_t)o->m->n_ff;
+    for (int k = 0; k < o->sel_n[chunk]; k++) {
+        const uint32_t b = (uint32_t)(pos[o->sel_idx[n0 + k]] / off->per_bundle);
+        if (b >= off->plan->hot_bundles[l] && !ncache_contains(o->cache, (uint32_t)l, 0, b)) return false;
+    }
+    return true;
+}
+
+/* Computes the waiting chunks whose bundles have all landed; the others stay
+ * in waiting[0..*n_waiting), in order. */
+static void compute_landed(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting) {
+    const int l = j->f->layer;
+    int n_now = 0, keep = 0;
+    for (int i = 0; i < *n_waiting; i++) {
+        const int32_t c = waiting[i];
+        if (chunk_landed(o, l, c) && resolve_chunk(o, l, c, false)) o->ready[n_now++] = c;
+        else waiting[keep++] = c;
+    }
+    run_job(j->pool, compute_worker, j, o->ready, n_now);
+    release(o);
+    *n_waiting = keep;
+}
+
 /* ---- the misses, read by the io-worker ---- */
 
 static int send_load(ffn_offload *o, int l) {
@@ -270,11 +299,14 @@ static bool io_worker_alive(const stack_ctl *ctl, int32_t *pid) {
     return false;
 }
 
-/* Waits for the answer to batch o->batch_id. 0 when answered (bundles that
- * found no slot are missed again next round); 1 abandoned (epoch); -1 with
- * err (the io-worker's error). A lost io-worker (killed: the supervisor
- * restarts it) gets the batch again. */
-static int await_load(ffn_offload *o, int l, uint32_t epoch, char *err, size_t errlen) {
+/* Waits for the answer to batch o->batch_id, computing the waiting chunks
+ * as their bundles land (the io-worker publishes each as it is read). 0 when
+ * answered (bundles that found no slot are missed again next round); 1
+ * abandoned (epoch); -1 with err (the io-worker's error). A lost io-worker
+ * (killed: the supervisor restarts it) gets the batch again. */
+static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, uint32_t epoch, char *err,
+                      size_t errlen) {
+    const int l = j->f->layer;
     const stack_ctl *ctl = o->sv->ctl;
     int32_t pid = 0;
     io_worker_alive(ctl, &pid);
@@ -282,7 +314,12 @@ static int await_load(ffn_offload *o, int l, uint32_t epoch, char *err, size_t e
     for (;;) {
         if ((uint32_t)atomic_load(&ctl->epoch) != epoch || proc_stop) return 1;
         struct bus_msg bm;
-        const int rc = bus_recv(o->sock, &bm, POLL_MS);
+        const int rc = bus_recv(o->sock, &bm, *n_waiting ? POLL_MS : 100);
+        if (rc != BUS_OK && *n_waiting) {
+            const uint64_t c0 = clock_us();
+            compute_landed(o, j, waiting, n_waiting);
+            o->stats.landed_us += clock_us() - c0;
+        }
         if (rc == BUS_OK && bm.type == PI2_BUS_MSG) {
             char why[256];
             Pi2__Envelope *env = msg_unpack(bm.data, bm.len, why, sizeof why);
@@ -320,10 +357,11 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
     const int l = f->layer;
     const uint64_t t0 = clock_us();
     f->rows = &o->rows;
-    job j = {.o = o, .f = f, .scratch = scratch, .partials = partials};
+    job j = {.o = o, .pool = pool, .f = f, .scratch = scratch, .partials = partials};
     if (l == 0) o->stats.tokens++;
     run_job(pool, select_worker, &j, chunks, n_chunks);
-    /* every round: find what is in memory, ask for the rest, compute what was found while it is read */
+    /* every round: find what is in memory, ask for the rest, compute what was found while it is read, then
+     * each chunk as its bundles land */
     const int32_t *todo = chunks;
     int n_todo = n_chunks, rc = 0;
     for (int round = 0; n_todo > 0; round++) {
@@ -335,7 +373,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         }
         int n_ready = 0, n_waiting = 0;
         o->n_missing = 0;
-        for (int i = 0; i < n_todo; i++) {
+        for (int i = 0; i < n_todo; i++) { /* todo may be waiting itself: entry i is read before it is written */
             if (resolve_chunk(o, l, todo[i], round == 0)) o->ready[n_ready++] = todo[i];
             else o->waiting[n_waiting++] = todo[i];
         }
@@ -349,14 +387,12 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         run_job(pool, compute_worker, &j, o->ready, n_ready);
         release(o);
         if (!o->n_missing) break; /* every chunk was ready */
-        /* the waiting chunks go first next round: copy them where ready was */
-        memcpy(o->ready, o->waiting, sizeof *o->waiting * (size_t)n_waiting);
-        todo = o->ready;
-        n_todo = n_waiting;
-        const uint64_t w0 = clock_us();
-        rc = await_load(o, l, epoch, err, errlen);
-        o->stats.wait_us += clock_us() - w0;
+        const uint64_t w0 = clock_us(), landed0 = o->stats.landed_us;
+        rc = await_load(o, &j, o->waiting, &n_waiting, epoch, err, errlen);
+        o->stats.wait_us += clock_us() - w0 - (o->stats.landed_us - landed0);
         if (rc) break;
+        todo = o->waiting;
+        n_todo = n_waiting;
     }
     f->rows = NULL;
     o->stats.ffn_us += clock_us() - t0;

@@ -3,7 +3,8 @@
  * predictor, or the resident gate rows in gate-first), finds each one's
  * bundle in the hot region or pins it in the cold cache, sends the misses to
  * the io-worker as one BundleLoad, computes the chunks whose rows are all in
- * memory while the misses are read, then the rest as they land. The rows are
+ * memory while the misses are read, then each of the rest as soon as its
+ * bundles land (the io-worker publishes each one as it is read). The rows are
  * the bundle file's copies of the model's bytes and each chunk sums in the
  * same order, so the result is the unbudgeted run's, bit for bit. */
 #ifndef PI2_CPU_FFN_OFFLOAD_H
@@ -23,6 +24,7 @@ typedef struct {
     uint64_t hot, cold_hits, misses; /* bundles found hot, found in the cold cache, read */
     uint64_t bytes_read;
     uint64_t wait_us, ffn_us;        /* waiting for misses; the whole FFN step */
+    uint64_t landed_us;              /* computing chunks as their bundles landed, while waiting */
 } ffn_offload_stats;
 
 /* Attaches runid's neuron cache segment and its slot table, and connects to

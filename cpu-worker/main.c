@@ -145,6 +145,7 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
     uint64_t t0 = clock_us();
     int rc = decoder_run(w->dec, &step);
     uint64_t took = clock_us() - t0;
+    decoder_publish_stats(w->dec, &w->link->row->offload);
     worker_link_set_state(w->link, PROC_READY);
     if (rc == DECODE_ERROR) {
         log_error("layer %u task at position %u: %s", t->layer, t->position, decoder_error(w->dec));

@@ -75,17 +75,36 @@ static bus_socket *bind_endpoint(bus_ctx *ctx, const char *runid) {
     return s;
 }
 
-/* Serves until SIGTERM; returns the exit status. */
+/* The messages waiting, a bounded number at a time so the ring is refilled between them. */
+static int serve_messages(io_worker *w) {
+    for (int k = 0; k < 64; k++) {
+        struct bus_msg m;
+        const int rc = bus_recv(w->sock, &m, 0);
+        if (rc == BUS_OK) iow_serve(w, &m);
+        else if (rc == BUS_EPROTO) log_warn("dropped a malformed frame: %s", bus_last_error());
+        else if (rc == BUS_ERR) { log_error("receive: %s", bus_last_error()); return -1; }
+        else break;
+    }
+    return 0;
+}
+
+/* Serves until SIGTERM; returns the exit status. Bundle loads are
+ * asynchronous: while reads are in flight the loop waits on the ring (a
+ * millisecond at most) and looks at the socket between waits. */
 static int serve(io_worker *w) {
     w->state = PROC_READY;
     while (!proc_stop) {
         iow_beat(w);
         if (w->fatal) return 1;
-        struct bus_msg m;
-        int rc = bus_recv(w->sock, &m, 100);
-        if (rc == BUS_OK) iow_serve(w, &m);
-        else if (rc == BUS_EPROTO) log_warn("dropped a malformed frame: %s", bus_last_error());
-        else if (rc == BUS_ERR) { log_error("receive: %s", bus_last_error()); return 1; }
+        if (w->budgeted && bundle_loader_busy(&w->loader) > 0) {
+            bundle_loader_poll(&w->loader, 1);
+        } else {
+            bus_socket *socks[1] = {w->sock};
+            uint32_t ready;
+            if (bus_poll(socks, 1, 100, &ready) == BUS_ERR) { log_error("poll: %s", bus_last_error()); return 1; }
+        }
+        if (serve_messages(w)) return 1;
+        w->state = w->budgeted && bundle_loader_busy(&w->loader) > 0 ? PROC_BUSY : PROC_READY;
     }
     log_info("stopping");
     return 0;
@@ -115,9 +134,9 @@ int main(int argc, char **argv) {
     if (w.sock && iow_wait_weights(&w, WEIGHTS_WAIT_MS) == 0) status = serve(&w);
     else if (proc_stop) status = 0;
 out:
+    iow_close_offload(&w); /* its batches in flight are answered first */
     bus_close(w.sock);
     bus_ctx_free(ctx);
-    iow_close_offload(&w);
     iow_detach(&w);
     uring_reader_close(w.reader);
     return status;

@@ -42,6 +42,14 @@ static void spoil_read(void *ctx, const bundle_key *key, io_job *job) {
 }
 
 void iow_close_offload(io_worker *w) {
+    bundle_loader_drain(&w->loader); /* reads in flight land in the segment: it stays until they are done */
+    const bundle_load_stats *st = &w->loader.stats;
+    if (st->batches)
+        log_info("bundle loads: %llu batches (%.2f ms each from start to answer), %llu bundles (%.1f MB), "
+                 "%llu asked for already cached or being read, %llu read again, %llu bad checksums",
+                 (unsigned long long)st->batches, st->batch_us / 1e3 / st->batches, (unsigned long long)st->bundles,
+                 st->bytes / 1e6, (unsigned long long)st->already, (unsigned long long)st->retries,
+                 (unsigned long long)st->bad_checksums);
     ncache_detach(w->cache);
     shm_detach(w->ffn_seg);
     uring_reader_close(w->bundle_reader);
@@ -109,45 +117,61 @@ int iow_attach_cache(io_worker *w) {
     return 0;
 }
 
-static void answer(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, Pi2__BundleLoaded *done) {
+/* Where a batch's answer goes. */
+typedef struct {
+    io_worker *w;
+    struct bus_msg to; /* the peer */
+    uint64_t batch_id, session;
+} load_request;
+
+static void answer(io_worker *w, const struct bus_msg *to, uint64_t session, Pi2__BundleLoaded *done) {
     Pi2__Envelope env;
-    msg_envelope_init(&env, ++w->seq, req->session);
+    msg_envelope_init(&env, ++w->seq, session);
     env.body_case = PI2__ENVELOPE__BODY_BUNDLE_LOADED;
     env.bundle_loaded = done;
-    iow_reply(w, m, &env);
+    iow_reply(w, to, &env);
+}
+
+static void batch_done(void *ctx, const bundle_batch_result *res) {
+    load_request *q = ctx;
+    Pi2__BundleLoaded done = PI2__BUNDLE_LOADED__INIT;
+    done.batch_id = q->batch_id;
+    done.loaded = res->loaded;
+    done.bytes = res->bytes;
+    done.unplaced = res->unplaced;
+    done.time_us = res->time_us;
+    if (res->error[0]) done.error = (char *)res->error;
+    answer(q->w, &q->to, q->session, &done);
+    free(q);
 }
 
 void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req) {
     const Pi2__BundleLoad *r = req->bundle_load;
-    Pi2__BundleLoaded done = PI2__BUNDLE_LOADED__INIT;
-    done.batch_id = r->batch_id;
+    Pi2__BundleLoaded refused = PI2__BUNDLE_LOADED__INIT;
+    refused.batch_id = r->batch_id;
     char err[1024] = "";
     if (iow_attach_cache(w)) { /* iow_serve opened the plan: BundleLoad is refused on a stack without one */
-        snprintf(err, sizeof err, "the io-worker has no neuron cache to load into yet");
-        done.error = err;
-        answer(w, m, req, &done);
+        refused.error = "the io-worker has no neuron cache to load into yet";
+        answer(w, m, req->session, &refused);
         return;
     }
-    bundle_key *keys = malloc(sizeof *keys * r->n_bundles);
-    if (!keys) {
-        done.error = "the io-worker is out of memory";
-        answer(w, m, req, &done);
+    bundle_key *keys = malloc(sizeof *keys * (r->n_bundles ? r->n_bundles : 1));
+    load_request *q = malloc(sizeof *q);
+    if (!keys || !q) {
+        free(keys), free(q);
+        refused.error = "the io-worker is out of memory";
+        answer(w, m, req->session, &refused);
         return;
     }
     for (size_t i = 0; i < r->n_bundles; i++) keys[i] = (bundle_key){r->layer, r->bundles[i]};
-    const bundle_load_stats before = w->loader.stats;
-    const uint64_t t0 = clock_us();
-    int unplaced = 0;
-    w->state = PROC_BUSY;
-    if (bundle_loader_load(&w->loader, keys, (int)r->n_bundles, &unplaced, err, sizeof err)) {
+    *q = (load_request){.w = w, .batch_id = r->batch_id, .session = req->session};
+    memcpy(q->to.peer, m->peer, m->peer_len);
+    q->to.peer_len = m->peer_len;
+    if (bundle_loader_start(&w->loader, keys, (int)r->n_bundles, batch_done, q, err, sizeof err)) {
         log_error("%s", err);
-        done.error = err;
+        refused.error = err;
+        answer(w, m, req->session, &refused);
+        free(q);
     }
-    w->state = PROC_READY;
-    done.loaded = (uint32_t)(w->loader.stats.bundles - before.bundles);
-    done.bytes = w->loader.stats.bytes - before.bytes;
-    done.unplaced = (uint32_t)unplaced;
-    done.time_us = clock_us() - t0;
     free(keys);
-    answer(w, m, req, &done);
 }

@@ -52,15 +52,38 @@ static int fixture_make(fixture *f, uint32_t slots) {
                    ? ncache_create(f->table, tb, f->data, slots * f->b.stride, &s, err, sizeof err)
                    : NULL;
     if (!f->cache) return -1;
-    f->l = (bundle_loader){&f->b, f->path, f->reader, f->cache, true, NULL, NULL, {0}};
+    f->l = (bundle_loader){.b = &f->b, .path = f->path, .reader = f->reader, .cache = f->cache, .verify = true};
     return 0;
 }
 
 static void fixture_free(fixture *f) {
+    bundle_loader_drain(&f->l);
     ncache_detach(f->cache);
     uring_reader_close(f->reader);
     bundle_close(&f->b);
     free(f->table), free(f->data);
+}
+
+typedef struct {
+    bool done;
+    bundle_batch_result res;
+} outcome;
+
+static void on_done(void *ctx, const bundle_batch_result *r) {
+    outcome *o = ctx;
+    o->done = true;
+    o->res = *r;
+}
+
+/* One batch, waited for: 0, or -1 with its error */
+static int load(fixture *f, const bundle_key *keys, int n, int *unplaced, char *err, size_t errlen) {
+    outcome o = {0};
+    if (bundle_loader_start(&f->l, keys, n, on_done, &o, err, errlen)) return -1;
+    while (!o.done) bundle_loader_poll(&f->l, 100);
+    if (unplaced) *unplaced = (int)o.res.unplaced;
+    if (!o.res.error[0]) return 0;
+    snprintf(err, errlen, "%s", o.res.error);
+    return -1;
 }
 
 /* the cached bundle equals the file's bytes */
@@ -100,22 +123,22 @@ static void test_loads(void) {
     for (int i = 0; i < 10; i++) keys[i] = (bundle_key){(uint32_t)(i % f.b.n_layer), (uint32_t)(3 * i + 1)};
     char err[512] = "";
     int unplaced = -1;
-    CHECK(bundle_loader_load(&f.l, keys, 10, &unplaced, err, sizeof err) == 0 && unplaced == 0, "load: %s", err);
+    CHECK(load(&f, keys, 10, &unplaced, err, sizeof err) == 0 && unplaced == 0, "load: %s", err);
     int right = 0;
     for (int i = 0; i < 10; i++) right += cached_right(&f, keys[i]);
     CHECK(right == 10, "%d of 10 loaded bundles hold the file's bytes", right);
     CHECK(f.l.stats.bundles == 10 && f.l.stats.bytes == 10 * f.b.stride, "stats: %llu bundles",
           (unsigned long long)f.l.stats.bundles);
-    CHECK(bundle_loader_load(&f.l, keys, 3, NULL, err, sizeof err) == 0 && f.l.stats.already == 3 &&
+    CHECK(load(&f, keys, 3, NULL, err, sizeof err) == 0 && f.l.stats.already == 3 &&
               f.l.stats.bundles == 10,
           "bundles asked for again are not read again");
     bundle_key twice[3] = {{0, 40}, {1, 41}, {0, 40}};
     const uint64_t before = f.l.stats.bundles, already = f.l.stats.already;
-    CHECK(bundle_loader_load(&f.l, twice, 3, NULL, err, sizeof err) == 0 && f.l.stats.bundles == before + 2 &&
+    CHECK(load(&f, twice, 3, NULL, err, sizeof err) == 0 && f.l.stats.bundles == before + 2 &&
               f.l.stats.already == already + 1 && cached_right(&f, twice[0]),
           "a key twice in a batch is read once");
     bundle_key bad = {(uint32_t)f.b.n_layer, 0};
-    CHECK(bundle_loader_load(&f.l, &bad, 1, NULL, err, sizeof err) != 0 && strstr(err, "no layer"),
+    CHECK(load(&f, &bad, 1, NULL, err, sizeof err) != 0 && strstr(err, "no layer"),
           "a key outside the file: %s", err);
     fixture_free(&f);
 }
@@ -133,7 +156,7 @@ static void test_faults(void) {
         fault_plan fp = {keys[2], 1, kind, 0};
         f.l.fault = inject, f.l.fault_ctx = &fp;
         char err[512] = "";
-        CHECK(bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err) == 0 && cached_right(&f, keys[2]) &&
+        CHECK(load(&f, keys, 4, NULL, err, sizeof err) == 0 && cached_right(&f, keys[2]) &&
                   f.l.stats.retries == 1,
               "%s once is read again and ends right (%s, %llu retries)", kinds[kind], err,
               (unsigned long long)f.l.stats.retries);
@@ -142,7 +165,7 @@ static void test_faults(void) {
         if (fixture_make(&f, 16)) return;
         fault_plan always = {keys[1], -1, kind, 0};
         f.l.fault = inject, f.l.fault_ctx = &always;
-        const int rc = bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err);
+        const int rc = load(&f, keys, 4, NULL, err, sizeof err);
         char offset[64];
         snprintf(offset, sizeof offset, "file offset %llu", (unsigned long long)bundle_file_offset(&f.b, 1, 2));
         CHECK(rc != 0 && strstr(err, f.path) && strstr(err, "layer 1 bundle 2") && strstr(err, offset) &&
@@ -162,7 +185,7 @@ static void test_faults(void) {
     fault_plan fp = {k, 1, 0, 0};
     f.l.fault = inject, f.l.fault_ctx = &fp;
     char err[512];
-    CHECK(bundle_loader_load(&f.l, &k, 1, NULL, err, sizeof err) == 0 && !cached_right(&f, k),
+    CHECK(load(&f, &k, 1, NULL, err, sizeof err) == 0 && !cached_right(&f, k),
           "with checking off a corrupted read is published (the switch is real)");
     fixture_free(&f);
 }
@@ -172,23 +195,72 @@ static void test_full(void) {
     if (fixture_make(&f, 4)) return;
     bundle_key keys[4] = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
     char err[512];
-    CHECK(bundle_loader_load(&f.l, keys, 4, NULL, err, sizeof err) == 0, "fill: %s", err);
+    CHECK(load(&f, keys, 4, NULL, err, sizeof err) == 0, "fill: %s", err);
     ncache_ref refs[4];
     for (int i = 0; i < 4; i++) ncache_pin(f.cache, 0, 0, (uint32_t)i, &refs[i]);
     bundle_key more[2] = {{1, 0}, {1, 1}};
     int unplaced = 0;
-    CHECK(bundle_loader_load(&f.l, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 2,
+    CHECK(load(&f, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 2,
           "with every slot pinned, 2 bundles find no slot (%d)", unplaced);
     for (int i = 0; i < 4; i++) ncache_unpin(f.cache, &refs[i]);
-    CHECK(bundle_loader_load(&f.l, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 0 &&
+    CHECK(load(&f, more, 2, &unplaced, err, sizeof err) == 0 && unplaced == 0 &&
               cached_right(&f, more[0]) && cached_right(&f, more[1]),
           "unpinned, they load");
+    fixture_free(&f);
+}
+
+/* A batch's answer, with whether its keys were all cached right when it came. */
+typedef struct {
+    fixture *f;
+    const bundle_key *keys;
+    int n;
+    bool done, all_cached;
+    bundle_batch_result res;
+} watched;
+
+static void on_watched(void *ctx, const bundle_batch_result *r) {
+    watched *w = ctx;
+    w->done = true;
+    w->res = *r;
+    w->all_cached = true;
+    for (int i = 0; i < w->n; i++) w->all_cached &= cached_right(w->f, w->keys[i]);
+}
+
+static void test_concurrent(void) {
+    fixture f;
+    if (fixture_make(&f, 16)) {
+        CHECK(0, "fixture");
+        return;
+    }
+    const bundle_key a[3] = {{0, 1}, {0, 2}, {1, 3}}, b[2] = {{1, 3}, {0, 4}};
+    watched wa = {&f, a, 3, false, false, {0}}, wb = {&f, b, 2, false, false, {0}};
+    char err[512] = "";
+    CHECK(bundle_loader_start(&f.l, a, 3, on_watched, &wa, err, sizeof err) == 0 &&
+              bundle_loader_start(&f.l, b, 2, on_watched, &wb, err, sizeof err) == 0 && bundle_loader_busy(&f.l) == 2,
+          "two batches in flight: %s", err);
+    while (!wa.done || !wb.done) bundle_loader_poll(&f.l, 100);
+    CHECK(wa.all_cached && wb.all_cached && !wa.res.error[0] && !wb.res.error[0],
+          "each batch is answered once all its bundles are cached, the shared one too");
+    CHECK(f.l.stats.bundles == 4 && wa.res.loaded == 3 && wb.res.loaded == 1 && bundle_loader_busy(&f.l) == 0,
+          "the bundle both asked for is read once (%llu reads; %u + %u)", (unsigned long long)f.l.stats.bundles,
+          wa.res.loaded, wb.res.loaded);
+    const bundle_key c[1] = {{1, 5}}, d[2] = {{1, 5}, {0, 6}};
+    fault_plan always = {c[0], -1, 2, 0};
+    f.l.fault = inject, f.l.fault_ctx = &always;
+    watched wc = {&f, c, 1, false, false, {0}}, wd = {&f, d, 2, false, false, {0}};
+    bundle_loader_start(&f.l, c, 1, on_watched, &wc, err, sizeof err);
+    bundle_loader_start(&f.l, d, 2, on_watched, &wd, err, sizeof err);
+    while (!wc.done || !wd.done) bundle_loader_poll(&f.l, 100);
+    CHECK(strstr(wc.res.error, "layer 1 bundle 5") && strstr(wd.res.error, "layer 1 bundle 5") &&
+              cached_right(&f, d[1]) && always.broken == BUNDLE_READ_TRIES,
+          "a shared read that keeps failing fails both batches, once read %d times: %s", always.broken, wd.res.error);
     fixture_free(&f);
 }
 
 int main(void) {
     if (!mkdtemp(dir)) return 1;
     test_loads();
+    test_concurrent();
     test_faults();
     test_full();
     char cmd[300];

@@ -55,6 +55,7 @@ typedef struct {
     Pi2__GenerateRequest gr;
     Pi2__TokenPiece tp;
     Pi2__GenerateDone gd;
+    Pi2__OffloadStats os;
     Pi2__PromptProgress pgp;
 } fixture;
 
@@ -253,6 +254,8 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         pi2__generate_done__init(&f->gd);
         f->gd.n_prompt = 5, f->gd.n_generated = 48, f->gd.prompt_ms = 1.5, f->gd.decode_ms = 80.25;
         f->gd.status = PI2__GENERATE_STATUS__GEN_LENGTH;
+        f->gd.offload = msg_offload_stats(&f->os, &(offload_tally){47, 47 * 32, 9000, 3000, 1040, 1040 * 12288,
+                                                                   20000, 70000});
         f->env.generate_done = &f->gd;
         break;
     case PI2__ENVELOPE__BODY_PROMPT_PROGRESS:
@@ -332,6 +335,11 @@ static void test_round_trip(void) {
     CHECK(e && e->generate_done->n_generated == 48 && e->generate_done->decode_ms == 80.25 &&
               e->generate_done->status == PI2__GENERATE_STATUS__GEN_LENGTH,
           "GenerateDone fields");
+    const offload_tally ot = e && e->generate_done->offload ? msg_offload_tally(e->generate_done->offload)
+                                                            : (offload_tally){0};
+    CHECK(ot.tokens == 47 && ot.layers == 47 * 32 && ot.hot == 9000 && ot.cold_hits == 3000 && ot.misses == 1040 &&
+              ot.bytes_read == 1040 * 12288 && ot.wait_us == 20000 && ot.ffn_us == 70000,
+          "GenerateDone.offload fields");
     msg_free(e);
     CHECK(!strcmp(msg_body_name(PI2__ENVELOPE__BODY_DECODE_TASK), "DecodeTask"), "body name");
     CHECK(!strcmp(msg_body_name(PI2__ENVELOPE__BODY__NOT_SET), "none"), "no body name");
@@ -470,6 +478,9 @@ static const char *break_rule(int i, fixture *f) {
         return "PromptProgress.n_prompt = 4097 > n_ctx 4096";
     case 107: SET(PROMPT_PROGRESS); f->pgp.elapsed_ms = NAN; return "PromptProgress.elapsed_ms";
     case 108: SET(PROMPT_PROGRESS); f->env.session = 0; return "PromptProgress needs a session";
+    case 109: SET(GENERATE_DONE); f->os.tokens = f->os.layers + 1; return "GenerateDone.offload.tokens = 1505 > layers";
+    case 110: SET(GENERATE_DONE); f->os.wait_us = 70001; return "GenerateDone.offload.wait_us = 70001 > ffn_us";
+    case 111: SET(GENERATE_DONE); f->os.misses = UINT64_MAX - 11999; return "GenerateDone.offload: hot + cold_hits";
     default: return NULL;
     }
 }

@@ -6,6 +6,9 @@
 #     cache (when root): nothing is killed, nothing restarts, and the text of
 #     a generation (prompt through the npu-worker's streamed prefill, decode
 #     through the neuron cache) equals the unbudgeted stack's in predictor mode;
+#     `pi2 status` shows each cpu-worker's neuron cache and the client's
+#     timing line the generation's hit rate and MB read per token (more than
+#     0 under 100 %); the unbudgeted stack shows neither;
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
@@ -47,6 +50,8 @@ new_run R
 check "the unbudgeted stack comes up (predictor mode)" $?
 generate "$R" "$TMP/ref.txt"
 check "the unbudgeted stack generates" $?
+! grep -q "neuron cache" "$TMP/ref.txt.err" && ! "$PI2" status -r "$R" | grep -q "neuron cache"
+check "the unbudgeted stack's timing line and pi2 status show no neuron cache" $?
 "$PI2" down -r "$R" >/dev/null 2>&1
 
 CG_ROOT=/sys/fs/cgroup/memory
@@ -58,6 +63,21 @@ elif [ "$(id -u)" = 0 ] && [ -w "$CG_ROOT" ]; then
 else
     echo "skipped: the memory caps (need root and cgroup v1 at $CG_ROOT); budgets run uncapped"
 fi
+
+# cache_stats PCT RUN: the client's timing line (in out-PCT.txt.err) adds the
+# generation's hit rate and MB read per token, `pi2 status` a row of numbers
+# per cpu-worker (tokens, hot/cold/read %, bundles, MB, per token, I/O wait %,
+# ms per layer); under 100 % something was read
+cache_stats() {
+    local reads=1
+    [ "$1" = 100 ] && reads=0
+    sed -n 's/.*generated: [0-9]* tokens in [0-9.]* s .*; neuron cache: \([0-9.]*\)% hits, \([0-9.]*\) MB read per token$/\1 \2/p' \
+        "$TMP/out-$1.txt.err" | awk -v reads=$reads '$1 >= 0 && $1 <= 100 && (!reads || $2 > 0) { ok = 1 } END { exit !ok }'
+    check "at $1 %: the client's timing line gives the hit rate and MB read per token" $?
+    "$PI2" status -r "$2" | awk -v reads=$reads '$1 ~ /^cpu-worker\.[0-9]+:$/ && NF == 11 && $2 > 0 &&
+        $3 + $4 + $5 > 99.8 && (!reads || ($6 > 0 && $7 > 0 && $9 > 0)) && $11 > 0 { n++ } END { exit n != 2 }'
+    check "at $1 %: pi2 status shows each cpu-worker's neuron cache" $?
+}
 
 budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
     local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg=""
@@ -77,12 +97,13 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     check "pi2 up --plan at $pct %" $?
     if [ -n "$cg" ]; then
         bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
-            "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$TMP/out-$pct.txt" 2>/dev/null
+            "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$TMP/out-$pct.txt" 2>"$TMP/out-$pct.txt.err"
     else
         generate "$run" "$TMP/out-$pct.txt"
     fi
     cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
     check "at $pct % of the file the text equals the unbudgeted run's" $?
+    cache_stats "$pct" "$run"
     "$PI2" status -r "$run" | awk '$1 ~ /^(cachemgr|io-worker|coordinator|npu-worker|cpu-worker)/ && NF == 5 { r += $5 } END { exit r != 0 }'
     check "at $pct %: no process restarted" $?
     if [ -n "$cg" ]; then

@@ -133,13 +133,26 @@ static const msg_limits CLIENT_LIMITS = {
     .act_segment_size = 1, .weight_segment_size = 1, .kv_segment_size = 1, .model_file_size = 1, .slot_size = 1,
 };
 
+/* Under a memory budget, after at least one decode step: the generation's
+ * neuron cache, "; neuron cache: 82.4% hits, 2.571 MB read per token". */
+static void offload_text(const Pi2__OffloadStats *o, char *buf, size_t len) {
+    buf[0] = 0;
+    if (!o || !o->tokens) return;
+    const offload_tally t = msg_offload_tally(o);
+    const offload_rates r = offload_tally_rates(&t);
+    snprintf(buf, len, "; neuron cache: %.1f%% hits, %.3f MB read per token", 100 * (r.hot + r.cold),
+             r.bytes_per_token / 1e6);
+}
+
 /* ttft_ms: from sending the request to the first piece, as this client saw it (< 0: none came). */
 static void log_timings(const Pi2__GenerateDone *d, double ttft_ms) {
     double ps = d->prompt_ms / 1e3, ds = d->decode_ms / 1e3;
-    char ttft[48] = "";
+    char ttft[48] = "", cache[96];
     if (ttft_ms >= 0) snprintf(ttft, sizeof ttft, "; time to first token %.3f s", ttft_ms / 1e3);
-    log_info("prompt: %u tokens in %.3f s (%.2f tok/s); generated: %u tokens in %.3f s (%.2f tok/s)%s", d->n_prompt,
-             ps, d->n_prompt / (ps > 0 ? ps : 1e-9), d->n_generated, ds, d->n_generated / (ds > 0 ? ds : 1e-9), ttft);
+    offload_text(d->offload, cache, sizeof cache);
+    log_info("prompt: %u tokens in %.3f s (%.2f tok/s); generated: %u tokens in %.3f s (%.2f tok/s)%s%s",
+             d->n_prompt, ps, d->n_prompt / (ps > 0 ? ps : 1e-9), d->n_generated, ds,
+             d->n_generated / (ds > 0 ? ds : 1e-9), ttft, cache);
     if (d->status == PI2__GENERATE_STATUS__GEN_CONTEXT_FULL) log_warn("the stack's context is full");
 }
 

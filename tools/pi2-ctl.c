@@ -27,7 +27,8 @@ static void usage(FILE *f) {
             "usage: pi2-ctl [-r RUNID] COMMAND [--timeout S]\n"
             "Commands:\n"
             "  status      processes of the run (pid, state, heartbeat age, tokens, restarts, RSS,\n"
-            "              CPU affinity), weights_ready and the segments\n"
+            "              CPU affinity), weights_ready, under a memory budget each cpu-worker's\n"
+            "              neuron cache (hit rates, reads, I/O wait, FFN time per layer), the segments\n"
             "  cleanup     remove the run's shared-memory segments and run directory\n"
             "  wait-ready  wait until the weights are loaded (exit 1 after --timeout S, default 120)\n"
             "  -r, --run RUNID   run id (default: $PI2_RUN, else \"default\")\n"
@@ -115,6 +116,25 @@ static void print_process(const proc_row *r, int64_t now_ms) {
            (unsigned long long)atomic_load(&r->tokens_served), starts ? starts - 1 : 0, rss, cpus);
 }
 
+/* Under a budget, each cpu-worker's neuron cache since the stack started:
+ * totals, shares of them, and averages per token and per layer step. */
+static void print_offload(const stack_ctl *ctl) {
+    printf("neuron cache (since start; per token and per layer: averages):\n");
+    printf("  %-14s %8s %6s %6s %6s %12s %10s %11s %8s %8s %12s\n", "worker", "tokens", "hot%", "cold%", "read%",
+           "read_bundles", "read_MB", "bundles/tok", "MB/tok", "io_wait%", "ffn_ms/layer");
+    for (int i = 0; i < STACK_MAX_PROCS; i++) {
+        const proc_row *row = &ctl->procs[i];
+        if (strncmp(row->name, "cpu-worker.", strlen("cpu-worker."))) continue;
+        const offload_tally t = offload_counters_read(&row->offload);
+        const offload_rates r = offload_tally_rates(&t);
+        char who[sizeof row->name + 2];
+        snprintf(who, sizeof who, "%.*s:", (int)sizeof row->name, row->name); /* not a process-table row */
+        printf("  %-14s %8llu %6.1f %6.1f %6.1f %12llu %10.1f %11.1f %8.3f %8.1f %12.3f\n", who,
+               (unsigned long long)t.tokens, 100 * r.hot, 100 * r.cold, 100 * r.read, (unsigned long long)t.misses,
+               t.bytes_read / 1e6, r.bundles_per_token, r.bytes_per_token / 1e6, 100 * r.wait_share, r.ms_per_layer);
+    }
+}
+
 static void print_segments(const char *runid) {
     printf("segments:\n");
     for (size_t i = 0; i < sizeof seg_whats / sizeof *seg_whats; i++) {
@@ -166,6 +186,7 @@ static int cmd_status(const char *runid) {
     int64_t now = clock_ms();
     for (int i = 0; i < STACK_MAX_PROCS; i++)
         if (ctl->procs[i].name[0]) print_process(&ctl->procs[i], now);
+    if (ctl->plan_path[0]) print_offload(ctl);
     shm_detach(seg);
     print_segments(runid);
     return 0;

@@ -80,6 +80,18 @@ const char *msg_body_name(Pi2__Envelope__BodyCase body) {
     return ((const ProtobufCMessageDescriptor *)f->descriptor)->short_name;
 }
 
+Pi2__OffloadStats *msg_offload_stats(Pi2__OffloadStats *out, const offload_tally *t) {
+    pi2__offload_stats__init(out);
+    out->tokens = t->tokens, out->layers = t->layers;
+    out->hot = t->hot, out->cold_hits = t->cold_hits, out->misses = t->misses;
+    out->bytes_read = t->bytes_read, out->wait_us = t->wait_us, out->ffn_us = t->ffn_us;
+    return out;
+}
+
+offload_tally msg_offload_tally(const Pi2__OffloadStats *s) {
+    return (offload_tally){s->tokens, s->layers, s->hot, s->cold_hits, s->misses, s->bytes_read, s->wait_us, s->ffn_us};
+}
+
 uint64_t msg_cluster_neurons(const Pi2__NeuronCluster *c) {
     if (c->n_ranges % 2) return UINT64_MAX;
     uint64_t n = c->n_neuron_ids;
@@ -557,12 +569,25 @@ static int check_ms(const vctx *v, const char *path, const char *field, double m
     return fail(v, "%s.%s = %g is not a finite duration >= 0", path, field, ms);
 }
 
+/* The counts of one tally: what offload_tally_delta guarantees (bytes_read may be anything). */
+static int check_offload(const vctx *v, const Pi2__OffloadStats *o) {
+    const char *p = "GenerateDone.offload";
+    if (o->tokens > o->layers)
+        return fail(v, "%s.tokens = %" PRIu64 " > layers %" PRIu64, p, o->tokens, o->layers);
+    if (o->wait_us > o->ffn_us)
+        return fail(v, "%s.wait_us = %" PRIu64 " > ffn_us %" PRIu64, p, o->wait_us, o->ffn_us);
+    if (o->cold_hits > UINT64_MAX - o->hot || o->misses > UINT64_MAX - o->hot - o->cold_hits)
+        return fail(v, "%s: hot + cold_hits + misses overflows", p);
+    return 0;
+}
+
 static int v_generate_done(const vctx *v, const Pi2__Envelope *env) {
     const Pi2__GenerateDone *m = env->generate_done;
     const char *p = "GenerateDone";
     if (check_session(v, env, p) || check_ms(v, p, "prompt_ms", m->prompt_ms) ||
         check_ms(v, p, "decode_ms", m->decode_ms) ||
-        check_enum(v, p, "status", m->status, &pi2__generate_status__descriptor))
+        check_enum(v, p, "status", m->status, &pi2__generate_status__descriptor) ||
+        (m->offload && check_offload(v, m->offload)))
         return -1;
     if (m->n_prompt > v->lim->n_ctx)
         return fail(v, "%s.n_prompt = %" PRIu32 " > n_ctx %" PRIu32, p, m->n_prompt, v->lim->n_ctx);

@@ -11,6 +11,7 @@
 
 #include "engine/ffn_chunks.h"
 #include "pi2.pb-c.h"
+#include "stack/offload_stats.h"
 
 #define PI2_PROTO_VERSION 1u
 /* bus type tag (lib/stack/bus.h) of a frame that carries a packed Envelope */
@@ -76,6 +77,10 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
 /* Number of neurons a cluster names (ids, or the ranges' counts summed); UINT64_MAX if the ranges
  * are malformed (odd length). Meaningful for any cluster; bounded by n_ff once validated. */
 uint64_t msg_cluster_neurons(const Pi2__NeuronCluster *c);
+
+/* A tally on the wire and back: out filled from t (returns out); a validated message's counts. */
+Pi2__OffloadStats *msg_offload_stats(Pi2__OffloadStats *out, const offload_tally *t);
+offload_tally msg_offload_tally(const Pi2__OffloadStats *s);
 
 /* Message type of the body for logs, e.g. "DecodeTask"; "none" / "unknown" otherwise. */
 const char *msg_body_name(Pi2__Envelope__BodyCase body);

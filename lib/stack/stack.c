@@ -99,10 +99,14 @@ int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, c
     return 0;
 }
 
+proc_row *ctl_proc_find(stack_ctl *c, const char *name) {
+    for (int i = 0; i < STACK_MAX_PROCS; i++)
+        if (!strncmp(c->procs[i].name, name, sizeof c->procs[i].name)) return &c->procs[i];
+    return NULL;
+}
+
 proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid) {
-    proc_row *row = NULL;
-    for (int i = 0; i < STACK_MAX_PROCS && !row; i++) /* a restarted process takes its old row */
-        if (!strncmp(c->procs[i].name, name, sizeof c->procs[i].name)) row = &c->procs[i];
+    proc_row *row = ctl_proc_find(c, name); /* a restarted process takes its old row */
     for (int i = 0; i < STACK_MAX_PROCS && !row; i++) {
         /* a free row is taken by swapping its pid from 0, so two processes
          * starting at once never share one; the name is written after */

@@ -12,10 +12,11 @@
 
 #include "engine/ffn_chunks.h"
 #include "engine/model.h"
+#include "stack/offload_stats.h"
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3033ull /* "PI2CTL03" */
+#define STACK_CTL_MAGIC 0x50493243544c3034ull /* "PI2CTL04" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
@@ -80,6 +81,7 @@ typedef struct {
     _Atomic int64_t heartbeat_ms;   /* CLOCK_MONOTONIC ms of the last beat */
     _Atomic uint64_t tokens_served;
     _Atomic uint32_t starts;        /* how many times a process took this row (restarts = starts - 1) */
+    offload_counters offload;       /* a cpu-worker's neuron cache under a budget; zero otherwise */
 } proc_row;
 
 typedef struct {
@@ -103,6 +105,8 @@ void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint6
  * (model_path is canonicalised, as cachemgr stores it). */
 int ctl_check(const stack_ctl *c, const char *model_path, uint64_t model_size, char *err, size_t errlen);
 
+/* The row named name; NULL if none has it. */
+proc_row *ctl_proc_find(stack_ctl *c, const char *name);
 /* Find the row named name, or claim a free one; bumps starts, sets pid and state. NULL if the table is full. */
 proc_row *ctl_proc_claim(stack_ctl *c, const char *name, int32_t pid);
 void ctl_proc_beat(proc_row *r, enum proc_state st);   /* heartbeat_ms = now, state = st */

@@ -22,6 +22,16 @@
 
 enum { FILE_DIRECT = 0, FILE_BUFFERED = 1 };
 
+/* A queued or in-flight job. */
+typedef struct {
+    io_job *job;
+    io_done_fn done;
+    void *ctx;
+    uint32_t bytes;   /* read so far */
+    uint8_t retries;
+    int32_t next_free;
+} op;
+
 struct uring_reader {
     struct io_uring ring;
     int fd[2];          /* [FILE_DIRECT] is -1 when O_DIRECT was refused */
@@ -30,12 +40,19 @@ struct uring_reader {
     bool told_unaligned;
     unsigned depth;
     uint64_t file_size;
+    op *ops;            /* records, reused through free_op */
+    size_t n_ops;
+    int32_t free_op;
+    int32_t *queue;     /* circular: ops waiting for a ring entry */
+    size_t q_head, q_count, q_cap;
+    size_t in_flight, live;
 };
 
 uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *err, size_t errlen) {
     uring_reader *r = calloc(1, sizeof *r);
     if (!r) { snprintf(err, errlen, "out of memory"); return NULL; }
     r->depth = queue_depth;
+    r->free_op = -1;
     r->fd[FILE_BUFFERED] = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd[FILE_BUFFERED] < 0) {
         snprintf(err, errlen, "open %s: %s", path, strerror(errno));
@@ -72,6 +89,8 @@ uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *er
 void uring_reader_close(uring_reader *r) {
     if (!r) return;
     io_uring_queue_exit(&r->ring);
+    free(r->ops);
+    free(r->queue);
     if (r->fd[FILE_DIRECT] >= 0) close(r->fd[FILE_DIRECT]);
     close(r->fd[FILE_BUFFERED]);
     free(r);
@@ -79,31 +98,80 @@ void uring_reader_close(uring_reader *r) {
 
 uint64_t uring_reader_file_size(const uring_reader *r) { return r->file_size; }
 
-/* Per-run bookkeeping: how far each job got and which jobs wait for submission. */
-typedef struct {
-    uint32_t *done;    /* bytes of job i read so far */
-    uint8_t *retries;
-    size_t *queue;     /* circular queue of job indices to (re)submit */
-    size_t head, count, n;
-} run_state;
+size_t uring_reader_busy(const uring_reader *r) { return r->live; }
 
-static void enqueue(run_state *s, size_t job) {
-    s->queue[(s->head + s->count) % s->n] = job;
-    s->count++;
+static int enqueue(uring_reader *r, int32_t i) {
+    if (r->q_count == r->q_cap) { /* grow, unwrapping the circle */
+        size_t cap = r->q_cap ? 2 * r->q_cap : 64;
+        int32_t *q = malloc(cap * sizeof *q);
+        if (!q) return -ENOMEM;
+        for (size_t k = 0; k < r->q_count; k++) q[k] = r->queue[(r->q_head + k) % r->q_cap];
+        free(r->queue);
+        r->queue = q;
+        r->q_cap = cap;
+        r->q_head = 0;
+    }
+    r->queue[(r->q_head + r->q_count) % r->q_cap] = i;
+    r->q_count++;
+    return 0;
+}
+
+static int32_t new_op(uring_reader *r) {
+    if (r->free_op < 0) {
+        size_t n = r->n_ops ? 2 * r->n_ops : 64;
+        if (n > INT32_MAX) return -1;
+        op *ops = realloc(r->ops, n * sizeof *ops);
+        if (!ops) return -1;
+        for (size_t k = r->n_ops; k < n; k++) ops[k].next_free = k + 1 < n ? (int32_t)(k + 1) : -1;
+        r->ops = ops;
+        r->free_op = (int32_t)r->n_ops;
+        r->n_ops = n;
+    }
+    const int32_t i = r->free_op;
+    r->free_op = r->ops[i].next_free;
+    return i;
+}
+
+/* Hands the job back; its record is free first, so done may queue more. */
+static void finish(uring_reader *r, int32_t i, int32_t result) {
+    op o = r->ops[i];
+    r->ops[i].next_free = r->free_op;
+    r->free_op = i;
+    r->live--;
+    o.job->result = result;
+    o.done(o.ctx, o.job);
+}
+
+int uring_reader_queue(uring_reader *r, io_job *job, io_done_fn done, void *ctx) {
+    const int32_t i = new_op(r);
+    if (i < 0) return -ENOMEM;
+    r->ops[i] = (op){job, done, ctx, 0, 0, -1};
+    r->live++;
+    if (job->length > IO_JOB_MAX_LENGTH) {
+        finish(r, i, -EINVAL);
+        return 0;
+    }
+    if (enqueue(r, i)) {
+        r->ops[i].next_free = r->free_op;
+        r->free_op = i;
+        r->live--;
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 static bool aligned(uint64_t off, uint64_t len, const void *dest) {
     return off % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && (uintptr_t)dest % DIRECT_ALIGN == 0;
 }
 
-/* Prepares the rest of job j; false if the ring has no free entry. */
-static bool prep_read(uring_reader *r, run_state *s, io_job *jobs, size_t j) {
+/* Prepares the rest of op i's read; false if the ring has no free entry. */
+static bool prep_read(uring_reader *r, int32_t i) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
     if (!sqe) return false;
-    io_job *job = &jobs[j];
-    uint64_t off = job->file_offset + s->done[j];
-    uint32_t len = job->length - s->done[j];
-    uint8_t *dest = job->dest + s->done[j];
+    const op *o = &r->ops[i];
+    uint64_t off = o->job->file_offset + o->bytes;
+    uint32_t len = o->job->length - o->bytes;
+    uint8_t *dest = o->job->dest + o->bytes;
     int which = FILE_BUFFERED;
     if (r->direct) {
         /* An unaligned tail (the file's last bytes) is read buffered after the aligned head. */
@@ -117,76 +185,82 @@ static bool prep_read(uring_reader *r, run_state *s, io_job *jobs, size_t j) {
     io_uring_prep_read(sqe, r->fixed_files ? which : r->fd[which], dest, len, off);
     if (r->fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
     /* The low bit remembers whether O_DIRECT was used, to fall back on EINVAL. */
-    io_uring_sqe_set_data64(sqe, ((uint64_t)j << 1) | (which == FILE_DIRECT));
+    io_uring_sqe_set_data64(sqe, ((uint64_t)i << 1) | (which == FILE_DIRECT));
     return true;
 }
 
-/* Accounts one completion; returns true when job j is finished. */
-static bool complete(uring_reader *r, run_state *s, io_job *jobs, size_t j, bool was_direct, int res) {
-    io_job *job = &jobs[j];
+/* Accounts one completion of op i: finished, or queued again for the rest. */
+static bool complete(uring_reader *r, int32_t i, bool was_direct, int res) {
+    op *o = &r->ops[i];
+    bool again = false;
     if (res > 0) {
-        s->done[j] += (uint32_t)res;
-        if (s->done[j] < job->length) { enqueue(s, j); return false; } /* short read: the rest */
-        job->result = (int32_t)s->done[j];
-        return true;
-    }
-    if (res == 0) { job->result = (int32_t)s->done[j]; return true; } /* end of file */
-    if (res == -EINVAL && was_direct && r->direct) {
+        o->bytes += (uint32_t)res;
+        again = o->bytes < o->job->length; /* short read: the rest */
+    } else if (res == -EINVAL && was_direct && r->direct) {
         log_info("O_DIRECT read refused (%s); using buffered reads from now on", strerror(-res));
         r->direct = false;
-        enqueue(s, j);
-        return false;
+        again = true;
+    } else if (res == -EINTR || res == -EAGAIN) {
+        again = o->retries++ < MAX_RETRIES;
     }
-    if ((res == -EINTR || res == -EAGAIN) && s->retries[j]++ < MAX_RETRIES) { enqueue(s, j); return false; }
-    job->result = res;
+    if (again && enqueue(r, i) == 0) return false;
+    finish(r, i, res < 0 ? res : (int32_t)o->bytes); /* res 0: end of file */
     return true;
+}
+
+static void fill_ring(uring_reader *r) {
+    bool any = false;
+    while (r->q_count && r->in_flight < r->depth && prep_read(r, r->queue[r->q_head])) {
+        r->q_head = (r->q_head + 1) % r->q_cap;
+        r->q_count--;
+        r->in_flight++;
+        any = true;
+    }
+    if (!any) return;
+    const int rc = io_uring_submit(&r->ring);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+        log_error("io_uring_submit: %s", strerror(-rc)); /* the prepared entries stay queued in the ring */
+}
+
+int uring_reader_reap(uring_reader *r, int wait_ms) {
+    fill_ring(r);
+    struct io_uring_cqe *cqe;
+    if (wait_ms > 0 && r->in_flight) {
+        struct __kernel_timespec wait = {.tv_sec = wait_ms / 1000, .tv_nsec = (wait_ms % 1000) * 1000000LL};
+        const unsigned want = r->in_flight / 4 ? (unsigned)(r->in_flight / 4) : 1;
+        io_uring_wait_cqes(&r->ring, &cqe, want, &wait, NULL); /* -ETIME or -EINTR: fewer completed */
+    }
+    int finished = 0;
+    while (io_uring_peek_cqe(&r->ring, &cqe) == 0) {
+        const uint64_t tag = io_uring_cqe_get_data64(cqe);
+        const int res = cqe->res;
+        io_uring_cqe_seen(&r->ring, cqe);
+        r->in_flight--;
+        finished += complete(r, (int32_t)(tag >> 1), tag & 1, res);
+    }
+    fill_ring(r);
+    return finished;
+}
+
+static void count_down(void *ctx, io_job *job) {
+    (void)job;
+    (*(size_t *)ctx)--;
 }
 
 void uring_reader_run(uring_reader *r, io_job *jobs, size_t n, void (*idle)(void *), void *ctx) {
-    if (n == 0) return;
-    run_state s = {.done = calloc(n, sizeof *s.done), .retries = calloc(n, 1), .queue = malloc(n * sizeof *s.queue),
-                   .n = n};
-    if (!s.done || !s.retries || !s.queue) {
-        for (size_t i = 0; i < n; i++) jobs[i].result = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (jobs[i].length > IO_JOB_MAX_LENGTH) jobs[i].result = -EINVAL;
-        else enqueue(&s, i);
-    }
-    size_t finished = n - s.count, in_flight = 0;
+    size_t left = n;
+    for (size_t i = 0; i < n; i++)
+        if (uring_reader_queue(r, &jobs[i], count_down, &left)) {
+            jobs[i].result = -ENOMEM;
+            left--;
+        }
     int64_t last_idle = clock_ms();
-    while (finished < n) {
-        while (s.count && in_flight < r->depth && prep_read(r, &s, jobs, s.queue[s.head])) {
-            s.head = (s.head + 1) % n;
-            s.count--;
-            in_flight++;
-        }
-        int rc = io_uring_submit(&r->ring);
-        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            log_error("io_uring_submit: %s", strerror(-rc));
-            /* The prepared entries stay queued in the ring and are retried below. */
-        }
-        struct io_uring_cqe *cqe;
-        struct __kernel_timespec wait = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
-        rc = io_uring_wait_cqe_timeout(&r->ring, &cqe, &wait);
-        int64_t now = clock_ms();
+    while (left > 0) {
+        uring_reader_reap(r, 100);
+        const int64_t now = clock_ms();
         if (idle && now - last_idle >= 100) {
             idle(ctx);
             last_idle = now;
         }
-        if (rc < 0) continue; /* -ETIME or -EINTR: nothing completed yet */
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&r->ring, head, cqe) {
-            uint64_t tag = io_uring_cqe_get_data64(cqe);
-            seen++;
-            in_flight--;
-            if (complete(r, &s, jobs, (size_t)(tag >> 1), tag & 1, cqe->res)) finished++;
-        }
-        io_uring_cq_advance(&r->ring, seen);
     }
-out:
-    free(s.done);
-    free(s.retries);
-    free(s.queue);
 }

@@ -1,13 +1,15 @@
 /* Reads byte ranges of one file into memory with a single io_uring: O_DIRECT
  * where the file system and the alignment allow it, buffered otherwise; short
- * reads are resubmitted for the rest. */
+ * reads are resubmitted for the rest. Jobs are either run to completion as a
+ * batch (uring_reader_run) or queued one by one and reaped as they finish, so
+ * that several batches share the ring and it never drains between them. */
 #ifndef PI2_IO_URING_READER_H
 #define PI2_IO_URING_READER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* One read; result is set by uring_reader_run. */
+/* One read; result is set when it finishes. */
 typedef struct {
     uint64_t file_offset;
     uint32_t length;
@@ -26,7 +28,23 @@ void uring_reader_close(uring_reader *r);
 uint64_t uring_reader_file_size(const uring_reader *r);
 
 /* Runs every job to completion, at most queue_depth in flight. idle(ctx) is
- * called about every 100 ms while waiting, so the caller can keep beating. */
+ * called about every 100 ms while waiting, so the caller can keep beating.
+ * Queued jobs of others go on meanwhile (and finish through their own done). */
 void uring_reader_run(uring_reader *r, io_job *jobs, size_t n, void (*idle)(void *), void *ctx);
+
+/* A finished job (result set); called from uring_reader_reap. */
+typedef void (*io_done_fn)(void *ctx, io_job *job);
+/* Queues job: it is read as the ring has room, and handed to done(ctx, job)
+ * once finished. The job must stay where it is until then. 0, or -ENOMEM;
+ * a job longer than IO_JOB_MAX_LENGTH finishes at once with -EINVAL. */
+int uring_reader_queue(uring_reader *r, io_job *job, io_done_fn done, void *ctx);
+/* Fills the ring from the queue, waits up to wait_ms (0: not at all) until
+ * a quarter of the reads in flight (at least one) have completed, finishes
+ * every job whose read completed and refills the ring. Waking per quarter
+ * keeps the device's queue deep while sparing a wake-up per read. The number
+ * finished. */
+int uring_reader_reap(uring_reader *r, int wait_ms);
+/* Jobs queued or in flight. */
+size_t uring_reader_busy(const uring_reader *r);
 
 #endif
