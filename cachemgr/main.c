@@ -103,7 +103,7 @@ static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
         want = o->predictor || (has_fc && m->act != FFN_SILU) ? FFN_PREDICTOR
                : m->act != FFN_SILU                         ? FFN_GATE_FIRST
                                                             : FFN_DENSE;
-    const char *why = ffn_mode_refusal(m, want, true); /* a predictor is loaded (and checked) below */
+    const char *why = ffn_mode_refusal(m, want, true); /* checked below, or by the planner */
     if (why) {
         log_error("--ffn %s on %s: %s", ffn_mode_name(want), c->model_path, why);
         return -1;
@@ -112,7 +112,10 @@ static int resolve_ffn(const options *o, cachemgr *c, int32_t *mode) {
         log_error("predictor %s: %s", o->predictor, strerror(errno));
         return -1;
     }
-    if (want == FFN_PREDICTOR) {
+    /* Loading checks the predictor whole, into a private Q8_0 copy. Under a plan the planner has run
+     * this predictor on this model (the plan names the model's fingerprint), and a cachemgr restarted
+     * inside a full memory cap would thrash for that copy; the cpu-workers load it either way. */
+    if (want == FFN_PREDICTOR && !c->budgeted) {
         char err[512];
         predictor *p = predictor_load(m, o->predictor ? c->predictor_path : NULL, err, sizeof err);
         if (!p) { log_error("%s", err); return -1; }

@@ -16,7 +16,7 @@ typedef struct {
     enum shm_kind kind;
     unsigned create_flags;
     int n;
-    struct shm_region_spec regions[3];
+    struct shm_region_spec regions[4];
 } segment_spec;
 
 /* What every segment must hold for this model and these parameters. */
@@ -36,10 +36,11 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
         const offload *o = &c->off;
         out[SEG_WEIGHTS].regions[0].size = o->preload_bytes;
         /* prefaulted: cold slots are filled on the token path, where a first touch costs most */
-        out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 3,
+        out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 4,
                                       {{"hot", offload_hot_region_bytes(o), SHM_ALIGN_PAGE},
                                        {"cold", o->cold_bytes, SHM_ALIGN_PAGE},
-                                       {"table", o->table_bytes, SHM_ALIGN_CACHELINE}}};
+                                       {"table", o->table_bytes, SHM_ALIGN_CACHELINE},
+                                       {"pins", offload_pin_log_bytes(o, p->n_cpu_workers), SHM_ALIGN_CACHELINE}}};
     }
     for (int i = 0; i < SEG_COUNT && c->small_pages; i++) out[i].create_flags |= SHM_CREATE_SMALL_PAGES;
 }

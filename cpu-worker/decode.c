@@ -346,7 +346,10 @@ int decoder_run(decoder *d, const decode_step *s) {
     return barrier(d, s->epoch, PHASE_FFN_OUT); /* the next layer reads every row of x_layers[layer + 1] */
 }
 
-void decoder_set_chunk_delay(decoder *d, long us) { d->chunk_delay_us = us; }
+void decoder_set_chunk_delay(decoder *d, long us) {
+    d->chunk_delay_us = us;
+    if (d->offload) ffn_offload_set_compute_delay(d->offload, us);
+}
 
 const char *decoder_error(const decoder *d) { return d->error; }
 
@@ -421,7 +424,7 @@ static int sparse_setup(decoder *d, const char *runid, const char *name) {
     d->n_chunks = ffn_chunk_count(m);
     /* under a budget a worker computes its own chunks: their rows are pinned by the worker that asked for them */
     d->steal = !d->sv->budgeted && d->n_workers > 1 && m->layers[0].down_t.data && d->n_chunks <= CHUNK_QUEUE_MAX;
-    if (d->sv->budgeted && !(d->offload = ffn_offload_new(d->sv, runid, name))) return -1;
+    if (d->sv->budgeted && !(d->offload = ffn_offload_new(d->sv, runid, name, d->index))) return -1;
     if (mode != FFN_DENSE && !d->sv->budgeted && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];

@@ -39,11 +39,12 @@ struct ffn_offload {
     float *sel_gate;             /* [n_ff] */
     int *sel_n;                  /* [n_chunks]: by chunk id */
     int64_t *bundle_at;          /* [n_bundles]: UNSEEN, MISSING, or the pinned slot's byte offset from base */
-    ncache_ref *pins;            /* [n_bundles] */
+    uint32_t *pins;              /* [n_bundles]: this worker's pin log in the segment (offload_pin_log_bytes) */
     uint32_t *touched, *missing; /* [n_bundles] */
     int n_pins, n_touched, n_missing;
     int32_t *ready, *waiting;    /* [n_chunks]: chunk ids */
     ffn_rows rows;               /* how the kernels address the rows found (at[] filled per layer) */
+    long compute_delay_us;       /* PI2_CHUNK_DELAY: a sleep after each batch of chunks, pins held (tests) */
     ffn_offload_stats stats;
 };
 
@@ -55,14 +56,28 @@ static void *zalloc(size_t n, size_t size, int *bad) {
     return p;
 }
 
-ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name) {
+/* Lets go of the pins a killed predecessor left in the log: each entry is
+ * cleared before its unpin, so a kill in between leaks a pin, never unpins twice. */
+static void reclaim_pins(ffn_offload *o, const char *name) {
+    long n = 0;
+    for (long i = 0; i < o->off->n_bundles; i++) {
+        const uint32_t e = o->pins[i];
+        if (!e) continue;
+        o->pins[i] = 0;
+        ncache_unpin(o->cache, &(ncache_ref){(int64_t)e - 1});
+        n++;
+    }
+    if (n) log_warn("%s: let go of %ld cold slots that the process before it held pinned when it stopped", name, n);
+}
+
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index) {
     ffn_offload *o = calloc(1, sizeof *o);
     if (!o) return NULL;
     o->sv = sv;
     o->m = &sv->m;
     o->off = &sv->off;
     char seg_name[SHM_NAME_MAX], err[512];
-    uint64_t hot_bytes, cold_bytes, table_bytes;
+    uint64_t hot_bytes, cold_bytes, table_bytes, pins_bytes;
     if (shm_make_name(seg_name, sizeof seg_name, runid, STACK_SEG_FFN) ||
         !(o->seg = shm_attach(seg_name, SHM_KIND_SLOTS, 0))) {
         log_error("neuron cache segment of run '%s': %s", runid, shm_last_error());
@@ -71,7 +86,9 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     o->base = shm_region_ptr(o->seg, "hot", &hot_bytes);
     uint8_t *cold = shm_region_ptr(o->seg, "cold", &cold_bytes);
     void *table = shm_region_ptr(o->seg, "table", &table_bytes);
-    if (!o->base || !cold || !table || hot_bytes < offload_hot_region_bytes(o->off) || cold_bytes < o->off->cold_bytes) {
+    uint32_t *pins = shm_region_ptr(o->seg, "pins", &pins_bytes);
+    if (!o->base || !cold || !table || !pins || hot_bytes < offload_hot_region_bytes(o->off) ||
+        cold_bytes < o->off->cold_bytes || pins_bytes < offload_pin_log_bytes(o->off, index + 1)) {
         log_error("%s: a region is missing or smaller than the plan's", seg_name);
         goto fail;
     }
@@ -98,7 +115,6 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     o->sel_gate = zalloc(n_ff, sizeof *o->sel_gate, &bad);
     o->sel_n = zalloc(n_c, sizeof *o->sel_n, &bad);
     o->bundle_at = zalloc(n_b, sizeof *o->bundle_at, &bad);
-    o->pins = zalloc(n_b, sizeof *o->pins, &bad);
     o->touched = zalloc(n_b, sizeof *o->touched, &bad);
     o->missing = zalloc(n_b, sizeof *o->missing, &bad);
     o->ready = zalloc(n_c, sizeof *o->ready, &bad);
@@ -108,6 +124,8 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         goto fail;
     }
     for (size_t b = 0; b < n_b; b++) o->bundle_at[b] = UNSEEN;
+    o->pins = pins + (size_t)index * n_b;
+    reclaim_pins(o, name);
     o->lim = (msg_limits){.n_layer = (uint32_t)o->m->n_layer, .n_bundles = (uint32_t)n_b};
     o->batch_id = (uint64_t)getpid() << 32;
     const offload *off = o->off;
@@ -127,7 +145,7 @@ void ffn_offload_free(ffn_offload *o) {
     bus_ctx_free(o->ctx);
     ncache_detach(o->cache);
     shm_detach(o->seg);
-    free(o->at); free(o->sel_idx); free(o->sel_gate); free(o->sel_n); free(o->bundle_at); free(o->pins);
+    free(o->at); free(o->sel_idx); free(o->sel_gate); free(o->sel_n); free(o->bundle_at);
     free(o->touched); free(o->missing); free(o->ready); free(o->waiting);
     free(o);
 }
@@ -181,7 +199,7 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
         o->missing[o->n_missing++] = b;
         return o->bundle_at[b] = MISSING;
     }
-    o->pins[o->n_pins++] = ref;
+    o->pins[o->n_pins++] = (uint32_t)ref.slot + 1; /* logged once pinned: a kill before this leaks one pin */
     o->stats.cold_hits += count;
     return o->bundle_at[b] = p - o->base;
 }
@@ -205,7 +223,11 @@ static bool resolve_chunk(ffn_offload *o, int l, int chunk, bool count) {
 /* Unpins this round's cold bundles and forgets what was found (the miss
  * list stays: it is what a lost io-worker is asked for again). */
 static void release(ffn_offload *o) {
-    for (int i = 0; i < o->n_pins; i++) ncache_unpin(o->cache, &o->pins[i]);
+    for (int i = 0; i < o->n_pins; i++) {
+        const uint32_t e = o->pins[i];
+        o->pins[i] = 0; /* cleared first: a kill between leaks the pin rather than having it let go twice */
+        ncache_unpin(o->cache, &(ncache_ref){(int64_t)e - 1});
+    }
     for (int i = 0; i < o->n_touched; i++) o->bundle_at[o->touched[i]] = UNSEEN;
     o->n_pins = o->n_touched = 0;
 }
@@ -239,6 +261,14 @@ static void run_job(threadpool *pool, pool_fn fn, job *j, const int32_t *chunks,
     if (n > 0) pool_run(pool, fn, j);
 }
 
+/* Computes chunks[0..n) from the rows pinned for them. */
+static void compute(ffn_offload *o, job *j, const int32_t *chunks, int n) {
+    run_job(j->pool, compute_worker, j, chunks, n);
+    if (n > 0 && o->compute_delay_us) usleep((useconds_t)o->compute_delay_us);
+}
+
+void ffn_offload_set_compute_delay(ffn_offload *o, long us) { o->compute_delay_us = us; }
+
 /* Whether every cold bundle of the chunk's selection is cached now (no pins taken). */
 static bool chunk_landed(const ffn_offload *o, int l, int chunk) {
     const offload *off = o->off;
@@ -262,7 +292,7 @@ static void compute_landed(ffn_offload *o, job *j, int32_t *waiting, int *n_wait
         if (chunk_landed(o, l, c) && resolve_chunk(o, l, c, false)) o->ready[n_now++] = c;
         else waiting[keep++] = c;
     }
-    run_job(j->pool, compute_worker, j, o->ready, n_now);
+    compute(o, j, o->ready, n_now);
     release(o);
     *n_waiting = keep;
 }
@@ -384,7 +414,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
             rc = -1;
             break;
         }
-        run_job(pool, compute_worker, &j, o->ready, n_ready);
+        compute(o, &j, o->ready, n_ready);
         release(o);
         if (!o->n_missing) break; /* every chunk was ready */
         const uint64_t w0 = clock_us(), landed0 = o->stats.landed_us;

@@ -27,9 +27,10 @@ typedef struct {
     uint64_t landed_us;              /* computing chunks as their bundles landed, while waiting */
 } ffn_offload_stats;
 
-/* Attaches runid's neuron cache segment and its slot table, and connects to
- * the io-worker as `name`. NULL (logged) on failure. */
-ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name);
+/* Attaches runid's neuron cache segment and its slot table, takes over the
+ * pin log of cpu-worker `index` (letting go of what a killed predecessor
+ * held), and connects to the io-worker as `name`. NULL (logged) on failure. */
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index);
 void ffn_offload_free(ffn_offload *o);
 
 /* Layer f->layer's chunks[0..n_chunks) into partials[chunk][n_embd], with
@@ -40,5 +41,8 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
                     threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen);
 
 const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o);
+
+/* PI2_CHUNK_DELAY (a slow core, for tests): a sleep after each batch of chunks, their pins held. */
+void ffn_offload_set_compute_delay(ffn_offload *o, long us);
 
 #endif

@@ -13,7 +13,9 @@
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
 #     file, never with other text;
-#   - the io-worker killed with -9 while misses are in flight: same text.
+#   - the io-worker, a cpu-worker, cachemgr killed with -9 while misses are in
+#     flight: same text; a cpu-worker killed while it holds pins: its successor
+#     lets them go (no slot pinned once the stack is idle).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 RUN_BASE="to$$"
@@ -119,16 +121,41 @@ for pct in 100 60 50; do budgeted "$pct"; done
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN
 in_cap() { if [ -n "$LAST_CG" ]; then bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$LAST_CG" "$@"; else "$@"; fi; }
-iow=$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")
-( sleep 0.3; kill -9 "$iow" ) &
-in_cap "$PI2" run -r "$R50" -p "$PROMPT" -n 24 --seed 1 >"$TMP/kill.txt" 2>/dev/null
-wait
-cmp -s "$TMP/ref.txt" "$TMP/kill.txt"
-check "the io-worker killed -9 mid-generation: the same text" $?
-restarted "$("$PI2" rundir -r "$R50")" io-worker "$iow"
-check "the supervisor restarted the io-worker" $?
+# each process that takes part in a budgeted decode, killed -9 while misses are in flight (decode runs
+# from about 0.3 s to 4 s of the generation; most of it waiting for reads)
+for victim in io-worker:0.3 cpu-worker.1:1.0 cachemgr:1.5 cpu-worker.0:2.0; do
+    name=${victim%:*}
+    pid=$(cat "$("$PI2" rundir -r "$R50")/$name.pid")
+    ( sleep "${victim#*:}"; kill -9 "$pid" ) &
+    in_cap "$PI2" run -r "$R50" -p "$PROMPT" -n 24 --seed 1 >"$TMP/kill.txt" 2>/dev/null
+    wait
+    cmp -s "$TMP/ref.txt" "$TMP/kill.txt"
+    check "$name killed -9 mid-generation: the same text" $?
+    restarted "$("$PI2" rundir -r "$R50")" "$name" "$pid"
+    check "the supervisor restarted $name" $?
+    for _ in $(seq 100); do # the next kill meets a stack whose every process is ready again
+        "$PI2" status -r "$R50" 2>/dev/null | awk '$3 == "starting" { bad = 1 } END { exit bad }' && break
+        sleep 0.1
+    done
+done
 "$PI2" down -r "$R50" >/dev/null 2>&1
 [ -n "$LAST_CG" ] && rmdir "$LAST_CG" 2>/dev/null
+
+# a cpu-worker killed while it holds pins (PI2_CHUNK_DELAY keeps worker 1 computing from pinned rows most
+# of the time): the process that takes its place lets them go, so once the stack is idle no slot is pinned
+new_run RP
+PI2_CHUNK_DELAY=1:20000 "$PI2" up -r "$RP" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1
+pid=$(cat "$("$PI2" rundir -r "$RP")/cpu-worker.1.pid")
+( sleep 1.0; kill -9 "$pid" ) &
+"$PI2" run -r "$RP" -p "$PROMPT" -n 6 --seed 1 >"$TMP/pins.txt" 2>/dev/null
+wait
+head -c -1 "$TMP/pins.txt" >"$TMP/pins.trim" # the newline that ends a generation
+[ -s "$TMP/pins.trim" ] && cmp -s "$TMP/pins.trim" <(head -c "$(stat -c %s "$TMP/pins.trim")" "$TMP/ref.txt")
+check "a cpu-worker killed -9 while it holds pins: the same text" $?
+restarted "$("$PI2" rundir -r "$RP")" cpu-worker.1 "$pid"
+"$PI2" status -r "$RP" | grep -q "^cold slots: [0-9]*, 0 pinned now, 0 loading"
+check "... and once the stack is idle no cold slot is pinned or loading" $?
+"$PI2" down -r "$RP" >/dev/null 2>&1
 
 new_run RF
 PI2_BUNDLE_FAULT=eio:2 "$PI2" up -r "$RF" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1

@@ -18,6 +18,8 @@
 #include "util/cli.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "stack/neuron_cache.h"
+#include "stack/offload.h"
 #include "stack/rundir.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
@@ -118,6 +120,27 @@ static void print_process(const proc_row *r, int64_t now_ms) {
 
 /* Under a budget, each cpu-worker's neuron cache since the stack started:
  * totals, shares of them, and averages per token and per layer step. */
+/* The cold cache's slots now: pinned (a worker computing from them) and loading. */
+static void print_slot_census(const char *runid) {
+    char name[SHM_NAME_MAX], err[256];
+    uint64_t cold_bytes, table_bytes;
+    shm_segment *seg = shm_make_name(name, sizeof name, runid, STACK_SEG_FFN)
+                           ? NULL
+                           : shm_attach(name, SHM_KIND_SLOTS, SHM_ATTACH_READONLY | SHM_ATTACH_NO_POPULATE);
+    uint8_t *cold = seg ? shm_region_ptr(seg, "cold", &cold_bytes) : NULL;
+    void *table = seg ? shm_region_ptr(seg, "table", &table_bytes) : NULL;
+    ncache *c = cold && table ? ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err) : NULL;
+    if (c) {
+        uint32_t pinned, loading;
+        ncache_census(c, &pinned, &loading);
+        printf("cold slots: %u, %u pinned now, %u loading\n", ncache_shape_of(c)->n_slots, pinned, loading);
+        ncache_detach(c);
+    } else {
+        printf("cold slots: unknown (%s)\n", seg ? (cold && table ? err : "a region is missing") : shm_last_error());
+    }
+    shm_detach(seg);
+}
+
 static void print_offload(const stack_ctl *ctl) {
     printf("neuron cache (since start; per token and per layer: averages):\n");
     printf("  %-14s %8s %6s %6s %6s %12s %10s %11s %8s %8s %12s\n", "worker", "tokens", "hot%", "cold%", "read%",
@@ -186,7 +209,10 @@ static int cmd_status(const char *runid) {
     int64_t now = clock_ms();
     for (int i = 0; i < STACK_MAX_PROCS; i++)
         if (ctl->procs[i].name[0]) print_process(&ctl->procs[i], now);
-    if (ctl->plan_path[0]) print_offload(ctl);
+    if (ctl->plan_path[0]) {
+        print_offload(ctl);
+        print_slot_census(runid);
+    }
     shm_detach(seg);
     print_segments(runid);
     return 0;

@@ -297,3 +297,12 @@ void ncache_get_stats(const ncache *c, ncache_stats *out) {
     out->loads = atomic_load_explicit(&h->loads, memory_order_relaxed);
     out->evictions = atomic_load_explicit(&h->evictions, memory_order_relaxed);
 }
+
+void ncache_census(const ncache *c, uint32_t *pinned, uint32_t *loading) {
+    *pinned = *loading = 0;
+    for (uint32_t i = 0; i < c->shape.n_slots; i++) {
+        const uint64_t w = atomic_load_explicit(&c->slots[i].word, memory_order_relaxed);
+        *pinned += pins_of(w) != 0;
+        *loading += state_of(w) == LOADING;
+    }
+}

@@ -17,9 +17,11 @@
  * moves a slot to LOADING with the next generation (a CAS that requires no
  * pins), so no reader can pin it until it is published with its new key.
  *
- * A reader killed while it holds pins leaves them held, a writer killed
- * mid-read leaves a slot LOADING: ncache_recover clears both, once no reader
- * or writer of the table is running (the stack restarts them then). */
+ * A reader killed while it holds pins leaves them held (the stack's
+ * cpu-workers log theirs, so the process that takes a killed one's place
+ * lets them go: cpu-worker/ffn_offload.c), a writer killed mid-read leaves a
+ * slot LOADING (ncache_writer_restart); ncache_recover clears both, once no
+ * reader or writer of the table is running. */
 #ifndef PI2_NEURON_CACHE_H
 #define PI2_NEURON_CACHE_H
 
@@ -92,5 +94,7 @@ void ncache_recover(ncache *c);
  * indexed. Safe while readers run (they never pin a LOADING slot). */
 void ncache_writer_restart(ncache *c);
 void ncache_get_stats(const ncache *c, ncache_stats *out);
+/* A snapshot of the slots: how many are pinned by some reader, and loading (`pi2 status`). */
+void ncache_census(const ncache *c, uint32_t *pinned, uint32_t *loading);
 
 #endif

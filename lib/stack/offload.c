@@ -214,3 +214,7 @@ void offload_hot_range(const offload *o, int l, uint64_t *file_offset, uint64_t 
     *file_offset = bundle_file_offset(&o->bundles, l, 0);
     *bytes = (uint64_t)o->plan->hot_bundles[l] * o->stride;
 }
+
+uint64_t offload_pin_log_bytes(const offload *o, int n_workers) {
+    return (uint64_t)n_workers * (uint64_t)o->n_bundles * sizeof(uint32_t);
+}

@@ -34,7 +34,7 @@
 #include "plan/bundle.h"
 #include "stack/neuron_cache.h"
 
-#define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table" */
+#define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table", "pins" */
 
 /* One page-aligned file range of preloaded tensors, and where it lands. */
 typedef struct {
@@ -76,6 +76,11 @@ int offload_rebase(const offload *o, model *m, const uint8_t *image, uint64_t im
 /* Region sizes as the segment is created (a region is never empty). */
 static inline uint64_t offload_hot_region_bytes(const offload *o) { return o->hot_bytes ? o->hot_bytes : 4096; }
 /* cold_bytes is at least one slot's, for the same reason. */
+/* Bytes of the cpu-workers' pin logs (region "pins" of the neuron cache
+ * segment): per worker one uint32 per bundle of a layer, each the slot it
+ * holds pinned + 1 (0: none), so the process that takes a killed worker's
+ * place lets its pins go. */
+uint64_t offload_pin_log_bytes(const offload *o, int n_workers);
 
 /* The slot table's shape: (layer, expert 0, bundle) keys, cold-region slots of a bundle's stride. */
 ncache_shape offload_cache_shape(const offload *o, const model *m);
