@@ -7,6 +7,7 @@
 
 #include "stack/chunk_queue.h"
 #include "engine/chunk_split.h"
+#include "util/calloc_flagged.h"
 #include "util/clock.h"
 #include "kernels/kernels.h"
 #include "util/log.h"
@@ -53,7 +54,6 @@ struct decoder {
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
     ffn_offload *offload;         /* under a memory budget: the FFN rows come from the neuron cache */
-    uint64_t offload_layers;      /* its FFN layer steps */
     offload_tally published;      /* its counts as last added to the ctl row */
     char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
@@ -276,11 +276,9 @@ static int step_ffn_chunks(decoder *d, const decode_step *s) {
                     0, s->epoch};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
-    if (d->offload) {
-        d->offload_layers++;
+    if (d->offload)
         return ffn_offload_run(d->offload, &j.f, s->chunks, s->n_chunks, d->partials, d->pool, d->scratch, s->epoch,
                                d->error, sizeof d->error) < 0 ? DECODE_ERROR : 0;
-    }
     j.tag = ctl_barrier_tag(d->ctl); /* after the step's last barrier: the same in every worker */
     chunk_queue_publish(chunk_queue_at(d->queues, d->n_chunks, d->index), j.tag, s->chunks, s->n_chunks);
     pool_run(d->pool, chunks_worker, &j);
@@ -353,22 +351,17 @@ void decoder_set_chunk_delay(decoder *d, long us) {
 
 const char *decoder_error(const decoder *d) { return d->error; }
 
-/* This worker's neuron-cache counts so far. */
-static offload_tally offload_now(const decoder *d) {
-    const ffn_offload_stats *st = ffn_offload_get_stats(d->offload);
-    return (offload_tally){st->tokens, d->offload_layers, st->hot, st->cold_hits, st->misses, st->bytes_read,
-                           st->wait_us, st->ffn_us};
-}
-
 void decoder_publish_stats(decoder *d, offload_counters *out) {
-    if (!d->offload || d->offload_layers == d->published.layers) return; /* no FFN step since the last time */
-    const offload_tally now = offload_now(d), step = offload_tally_delta(&now, &d->published);
+    if (!d->offload) return;
+    const offload_tally now = *ffn_offload_get_stats(d->offload);
+    if (now.layers == d->published.layers) return; /* no FFN step since the last time */
+    const offload_tally step = offload_tally_delta(&now, &d->published);
     offload_counters_add(out, &step);
     d->published = now;
 }
 
 static void log_offload_stats(const decoder *d, const char *who) {
-    const offload_tally t = offload_now(d);
+    const offload_tally t = *ffn_offload_get_stats(d->offload);
     const offload_rates r = offload_tally_rates(&t);
     log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.1f bundles, %.3f MB "
              "per token); FFN %.3f ms per layer, %.1f%% of it waiting for reads",
@@ -384,12 +377,6 @@ void decoder_log_stats(const decoder *d, const char *who) {
 
 /* ---- set-up ---- */
 
-static void *alloc_zero(size_t n, size_t size, int *failed) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) *failed = 1;
-    return p;
-}
-
 /* The neuron-major down rows of this worker's chunks, when the file has no
  * ffn_down_t and the stack runs a sparse mode: each worker transposes only its
  * own chunks (memory and time split over the workers). */
@@ -397,7 +384,7 @@ static int build_down_t(decoder *d) {
     const model *m = d->m;
     int bounds[STACK_MAX_CPU_WORKERS + 1] = {0}, bad = chunk_split_model(m, d->n_workers, bounds) != 0;
     const int first = bounds[d->index], end = bounds[d->index + 1];
-    d->down_t = alloc_zero((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
+    d->down_t = calloc_flagged((size_t)m->n_layer * (size_t)d->n_chunks, sizeof *d->down_t, &bad);
     uint64_t t0 = clock_us(), bytes = 0;
     for (int l = 0; l < m->n_layer && !bad; l++)
         for (int ch = first; ch < end && !bad; ch++) {
@@ -438,8 +425,8 @@ static int sparse_setup(decoder *d, const char *runid, const char *name) {
         log_error("predictor rank %d exceeds the FFN's %ld neurons", rank, (long)m->n_ff);
         return -1;
     }
-    d->pred_conv.f16 = alloc_zero((size_t)wide, sizeof(uint16_t), &bad);
-    d->pred_conv.q8 = alloc_zero((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    d->pred_conv.f16 = calloc_flagged((size_t)wide, sizeof(uint16_t), &bad);
+    d->pred_conv.q8 = calloc_flagged((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     if (bad) log_error("out of memory allocating the predictor's buffers");
     return bad ? -1 : 0;
 }
@@ -472,24 +459,24 @@ decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, 
     size_t n_ctx = (size_t)sv->ctl->params.n_ctx, wide = (size_t)(m->n_ff > m->n_embd ? m->n_ff : m->n_embd);
     d->pool = pool_new(n_threads);
     bad |= !d->pool;
-    d->xb = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
-    d->q = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
-    d->kv_k = alloc_zero((size_t)d->kv_dim, sizeof(float), &bad);
-    d->kv_v = alloc_zero((size_t)d->kv_dim, sizeof(float), &bad);
-    d->proj = alloc_zero((size_t)m->n_embd, sizeof(float), &bad);
-    d->q16 = alloc_zero((size_t)m->n_embd, sizeof(uint16_t), &bad);
-    d->rope_cs = alloc_zero((size_t)m->head_dim, sizeof(float), &bad);
+    d->xb = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    d->q = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    d->kv_k = calloc_flagged((size_t)d->kv_dim, sizeof(float), &bad);
+    d->kv_v = calloc_flagged((size_t)d->kv_dim, sizeof(float), &bad);
+    d->proj = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    d->q16 = calloc_flagged((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    d->rope_cs = calloc_flagged((size_t)m->head_dim, sizeof(float), &bad);
     d->rope_pos = -1;
-    d->scores = alloc_zero((size_t)m->n_head * n_ctx, sizeof(float), &bad);
-    d->probs16 = alloc_zero((size_t)m->n_head * n_ctx, sizeof(uint16_t), &bad);
-    d->in.f16 = alloc_zero(wide, sizeof(uint16_t), &bad);
-    d->in.q8 = alloc_zero(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    d->scores = calloc_flagged((size_t)m->n_head * n_ctx, sizeof(float), &bad);
+    d->probs16 = calloc_flagged((size_t)m->n_head * n_ctx, sizeof(uint16_t), &bad);
+    d->in.f16 = calloc_flagged(wide, sizeof(uint16_t), &bad);
+    d->in.q8 = calloc_flagged(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     d->partials = stack_act_f32(sv, L->ffn_partials);
     d->queues = stack_act_f32(sv, L->chunk_queues);
     d->gather = ffn_gather_for(d->k);
     d->axpy = sparse_kernels_best();
     d->n_threads = d->pool ? pool_size(d->pool) : 0;
-    d->scratch = alloc_zero((size_t)d->n_threads, sizeof *d->scratch, &bad);
+    d->scratch = calloc_flagged((size_t)d->n_threads, sizeof *d->scratch, &bad);
     for (int t = 0; t < d->n_threads && d->scratch; t++) bad |= ffn_scratch_init(&d->scratch[t], m) != 0;
     if (bad) {
         log_error("out of memory allocating the decoder's scratch");

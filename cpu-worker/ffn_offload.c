@@ -12,6 +12,7 @@
 #include "stack/neuron_cache.h"
 #include "stack/proc_stop.h"
 #include "stack/rundir.h"
+#include "util/calloc_flagged.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -45,16 +46,11 @@ struct ffn_offload {
     int32_t *ready, *waiting;    /* [n_chunks]: chunk ids */
     ffn_rows rows;               /* how the kernels address the rows found (at[] filled per layer) */
     long compute_delay_us;       /* PI2_CHUNK_DELAY: a sleep after each batch of chunks, pins held (tests) */
-    ffn_offload_stats stats;
+    offload_tally stats;
+    uint64_t landed_us;          /* computing chunks as their bundles landed, while waiting for a batch */
 };
 
 /* ---- set-up ---- */
-
-static void *zalloc(size_t n, size_t size, int *bad) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) *bad = 1;
-    return p;
-}
 
 /* Lets go of the pins a killed predecessor left in the log: each entry is
  * cleared before its unpin, so a kill in between leaks a pin, never unpins twice. */
@@ -77,7 +73,7 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     o->m = &sv->m;
     o->off = &sv->off;
     char seg_name[SHM_NAME_MAX], err[512];
-    uint64_t hot_bytes, cold_bytes, table_bytes, pins_bytes;
+    uint64_t hot_bytes, cold_bytes, pins_bytes;
     if (shm_make_name(seg_name, sizeof seg_name, runid, STACK_SEG_FFN) ||
         !(o->seg = shm_attach(seg_name, SHM_KIND_SLOTS, 0))) {
         log_error("neuron cache segment of run '%s': %s", runid, shm_last_error());
@@ -85,9 +81,8 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     }
     o->base = shm_region_ptr(o->seg, "hot", &hot_bytes);
     uint8_t *cold = shm_region_ptr(o->seg, "cold", &cold_bytes);
-    void *table = shm_region_ptr(o->seg, "table", &table_bytes);
     uint32_t *pins = shm_region_ptr(o->seg, "pins", &pins_bytes);
-    if (!o->base || !cold || !table || !pins || hot_bytes < offload_hot_region_bytes(o->off) ||
+    if (!o->base || !cold || !pins || hot_bytes < offload_hot_region_bytes(o->off) ||
         cold_bytes < o->off->cold_bytes || pins_bytes < offload_pin_log_bytes(o->off, index + 1)) {
         log_error("%s: a region is missing or smaller than the plan's", seg_name);
         goto fail;
@@ -96,7 +91,7 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         log_error("%s: the cold region is not addressable from the hot one", seg_name);
         goto fail;
     }
-    if (!(o->cache = ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err))) {
+    if (!(o->cache = offload_cache_attach(o->seg, err, sizeof err))) {
         log_error("%s: slot table: %s", seg_name, err);
         goto fail;
     }
@@ -110,15 +105,15 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     }
     const size_t n_ff = (size_t)o->m->n_ff, n_b = (size_t)o->off->n_bundles, n_c = (size_t)ffn_chunk_count(o->m);
     int bad = 0;
-    o->at = zalloc(n_ff, sizeof *o->at, &bad);
-    o->sel_idx = zalloc(n_ff, sizeof *o->sel_idx, &bad);
-    o->sel_gate = zalloc(n_ff, sizeof *o->sel_gate, &bad);
-    o->sel_n = zalloc(n_c, sizeof *o->sel_n, &bad);
-    o->bundle_at = zalloc(n_b, sizeof *o->bundle_at, &bad);
-    o->touched = zalloc(n_b, sizeof *o->touched, &bad);
-    o->missing = zalloc(n_b, sizeof *o->missing, &bad);
-    o->ready = zalloc(n_c, sizeof *o->ready, &bad);
-    o->waiting = zalloc(n_c, sizeof *o->waiting, &bad);
+    o->at = calloc_flagged(n_ff, sizeof *o->at, &bad);
+    o->sel_idx = calloc_flagged(n_ff, sizeof *o->sel_idx, &bad);
+    o->sel_gate = calloc_flagged(n_ff, sizeof *o->sel_gate, &bad);
+    o->sel_n = calloc_flagged(n_c, sizeof *o->sel_n, &bad);
+    o->bundle_at = calloc_flagged(n_b, sizeof *o->bundle_at, &bad);
+    o->touched = calloc_flagged(n_b, sizeof *o->touched, &bad);
+    o->missing = calloc_flagged(n_b, sizeof *o->missing, &bad);
+    o->ready = calloc_flagged(n_c, sizeof *o->ready, &bad);
+    o->waiting = calloc_flagged(n_c, sizeof *o->waiting, &bad);
     if (bad) {
         log_error("out of memory for the neuron cache's working state");
         goto fail;
@@ -150,7 +145,7 @@ void ffn_offload_free(ffn_offload *o) {
     free(o);
 }
 
-const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o) { return &o->stats; }
+const offload_tally *ffn_offload_get_stats(const ffn_offload *o) { return &o->stats; }
 
 /* ---- selection: every chunk's neurons, the pool's threads splitting the chunks ---- */
 
@@ -178,6 +173,11 @@ static void select_worker(void *ctx, int ith, int nth) {
 }
 
 /* ---- where each neuron's rows are ---- */
+
+/* The neuron's place in layer l's bundle order: bundle pos / per_bundle, slot pos % per_bundle. */
+static int32_t position(const ffn_offload *o, int l, int32_t neuron) {
+    return o->off->pos_of[(size_t)l * (size_t)o->m->n_ff + (size_t)neuron];
+}
 
 /* A row's index for the kernels from its byte offset from the base. */
 static int32_t place(const ffn_offload *o, uint64_t bytes) { return (int32_t)(bytes / o->off->unit); }
@@ -209,10 +209,9 @@ static bool resolve_chunk(ffn_offload *o, int l, int chunk, bool count) {
     const offload *off = o->off;
     long n0, n1;
     ffn_chunk_range(o->m, chunk, &n0, &n1);
-    const int32_t *pos = off->pos_of + (size_t)l * (size_t)o->m->n_ff;
     bool all = true;
     for (int k = 0; k < o->sel_n[chunk]; k++) {
-        const int32_t neuron = o->sel_idx[n0 + k], p = pos[neuron];
+        const int32_t neuron = o->sel_idx[n0 + k], p = position(o, l, neuron);
         const int64_t at = find_bundle(o, l, (uint32_t)(p / off->per_bundle), count);
         if (at == MISSING) all = false;
         else o->at[neuron] = place(o, (uint64_t)at + (uint64_t)(p % off->per_bundle) * off->neuron_bytes);
@@ -255,15 +254,15 @@ static void compute_worker(void *ctx, int ith, int nth) {
     ffn_chunks_compute(j->f, j->chunks + c0, (int)(c1 - c0), j->partials, s, NULL, NULL);
 }
 
-static void run_job(threadpool *pool, pool_fn fn, job *j, const int32_t *chunks, int n) {
+static void run_job(job *j, pool_fn fn, const int32_t *chunks, int n) {
     j->chunks = chunks;
     j->n_chunks = n;
-    if (n > 0) pool_run(pool, fn, j);
+    if (n > 0) pool_run(j->pool, fn, j);
 }
 
 /* Computes chunks[0..n) from the rows pinned for them. */
 static void compute(ffn_offload *o, job *j, const int32_t *chunks, int n) {
-    run_job(j->pool, compute_worker, j, chunks, n);
+    run_job(j, compute_worker, chunks, n);
     if (n > 0 && o->compute_delay_us) usleep((useconds_t)o->compute_delay_us);
 }
 
@@ -274,9 +273,8 @@ static bool chunk_landed(const ffn_offload *o, int l, int chunk) {
     const offload *off = o->off;
     long n0, n1;
     ffn_chunk_range(o->m, chunk, &n0, &n1);
-    const int32_t *pos = off->pos_of + (size_t)l * (size_t)o->m->n_ff;
     for (int k = 0; k < o->sel_n[chunk]; k++) {
-        const uint32_t b = (uint32_t)(pos[o->sel_idx[n0 + k]] / off->per_bundle);
+        const uint32_t b = (uint32_t)(position(o, l, o->sel_idx[n0 + k]) / off->per_bundle);
         if (b >= off->plan->hot_bundles[l] && !ncache_contains(o->cache, (uint32_t)l, 0, b)) return false;
     }
     return true;
@@ -317,16 +315,13 @@ static int send_load(ffn_offload *o, int l) {
 }
 
 /* Whether the io-worker looks alive: its row beats, under the pid it had when the batch went out. */
-static bool io_worker_alive(const stack_ctl *ctl, int32_t *pid) {
-    for (int i = 0; i < STACK_MAX_PROCS; i++) {
-        const proc_row *r = &ctl->procs[i];
-        if (strncmp(r->name, "io-worker", sizeof r->name)) continue;
-        const int32_t now = atomic_load(&r->pid);
-        const bool same = *pid == 0 || *pid == now;
-        *pid = now;
-        return same && clock_ms() - atomic_load(&r->heartbeat_ms) < IO_PATIENCE_MS;
-    }
-    return false;
+static bool io_worker_alive(stack_ctl *ctl, int32_t *pid) {
+    const proc_row *r = ctl_proc_find(ctl, "io-worker");
+    if (!r) return false;
+    const int32_t now = atomic_load(&r->pid);
+    const bool same = *pid == 0 || *pid == now;
+    *pid = now;
+    return same && clock_ms() - atomic_load(&r->heartbeat_ms) < IO_PATIENCE_MS;
 }
 
 /* Waits for the answer to batch o->batch_id, computing the waiting chunks
@@ -337,7 +332,7 @@ static bool io_worker_alive(const stack_ctl *ctl, int32_t *pid) {
 static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, uint32_t epoch, char *err,
                       size_t errlen) {
     const int l = j->f->layer;
-    const stack_ctl *ctl = o->sv->ctl;
+    stack_ctl *ctl = o->sv->ctl;
     int32_t pid = 0;
     io_worker_alive(ctl, &pid);
     int64_t sent = clock_ms();
@@ -348,7 +343,7 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
         if (rc != BUS_OK && *n_waiting) {
             const uint64_t c0 = clock_us();
             compute_landed(o, j, waiting, n_waiting);
-            o->stats.landed_us += clock_us() - c0;
+            o->landed_us += clock_us() - c0;
         }
         if (rc == BUS_OK && bm.type == PI2_BUS_MSG) {
             char why[256];
@@ -389,7 +384,8 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
     f->rows = &o->rows;
     job j = {.o = o, .pool = pool, .f = f, .scratch = scratch, .partials = partials};
     if (l == 0) o->stats.tokens++;
-    run_job(pool, select_worker, &j, chunks, n_chunks);
+    o->stats.layers++;
+    run_job(&j, select_worker, chunks, n_chunks);
     /* every round: find what is in memory, ask for the rest, compute what was found while it is read, then
      * each chunk as its bundles land */
     const int32_t *todo = chunks;
@@ -417,9 +413,9 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         compute(o, &j, o->ready, n_ready);
         release(o);
         if (!o->n_missing) break; /* every chunk was ready */
-        const uint64_t w0 = clock_us(), landed0 = o->stats.landed_us;
+        const uint64_t w0 = clock_us(), landed0 = o->landed_us;
         rc = await_load(o, &j, o->waiting, &n_waiting, epoch, err, errlen);
-        o->stats.wait_us += clock_us() - w0 - (o->stats.landed_us - landed0);
+        o->stats.wait_us += clock_us() - w0 - (o->landed_us - landed0);
         if (rc) break;
         todo = o->waiting;
         n_todo = n_waiting;

@@ -13,19 +13,11 @@
 #include <stdint.h>
 
 #include "engine/ffn_chunks.h"
+#include "stack/offload_stats.h"
 #include "stack/stack_attach.h"
 #include "util/threadpool.h"
 
 typedef struct ffn_offload ffn_offload;
-
-/* Running counts (this worker's). */
-typedef struct {
-    uint64_t tokens;                 /* layer-0 steps seen */
-    uint64_t hot, cold_hits, misses; /* bundles found hot, found in the cold cache, read */
-    uint64_t bytes_read;
-    uint64_t wait_us, ffn_us;        /* waiting for misses; the whole FFN step */
-    uint64_t landed_us;              /* computing chunks as their bundles landed, while waiting */
-} ffn_offload_stats;
 
 /* Attaches runid's neuron cache segment and its slot table, takes over the
  * pin log of cpu-worker `index` (letting go of what a killed predecessor
@@ -40,7 +32,8 @@ void ffn_offload_free(ffn_offload *o);
 int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials,
                     threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen);
 
-const ffn_offload_stats *ffn_offload_get_stats(const ffn_offload *o);
+/* This worker's running counts. */
+const offload_tally *ffn_offload_get_stats(const ffn_offload *o);
 
 /* PI2_CHUNK_DELAY (a slow core, for tests): a sleep after each batch of chunks, their pins held. */
 void ffn_offload_set_compute_delay(ffn_offload *o, long us);

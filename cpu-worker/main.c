@@ -168,7 +168,8 @@ int main(int argc, char **argv) {
     if (worker_args_parse(argc, argv, &o, 1, STACK_MAX_CPU_WORKERS - 1, usage)) return 2;
     proc_stop_on_signals();
     stack_view sv;
-    stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop};
+    stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop,
+                            .neuron_positions = true};
     if (stack_view_open(&sv, &spec)) return proc_stop ? 0 : 1;
     int status = 1;
     worker_link link = {0};

@@ -104,12 +104,9 @@ fail:
 int iow_attach_cache(io_worker *w) {
     if (w->cache) return 0;
     if (!w->ctl || !atomic_load(&w->ctl->weights_ready)) return -1;
-    uint64_t cold_bytes, table_bytes;
-    uint8_t *cold = shm_region_ptr(w->ffn_seg, "cold", &cold_bytes);
-    void *table = shm_region_ptr(w->ffn_seg, "table", &table_bytes);
     char err[512];
-    if (!cold || !table || !(w->cache = ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err))) {
-        log_error("slot table: %s", cold && table ? err : "a region is missing");
+    if (!(w->cache = offload_cache_attach(w->ffn_seg, err, sizeof err))) {
+        log_error("slot table: %s", err);
         return -1;
     }
     ncache_writer_restart(w->cache); /* slots a killed predecessor left loading */

@@ -32,11 +32,7 @@ static int stage_layer(prefiller *p, int l) {
     model *m = &p->sv->m;
     layer_weights lw;
     if (ffn_stream_layer(p->stream, l, l + 1 < m->n_layer ? l + 1 : 0, &lw, p->error, sizeof p->error)) return -1;
-    layer_weights *w = &m->layers[l];
-    w->gate = lw.gate;
-    w->up = lw.up;
-    w->down = lw.down;
-    w->down_t = lw.down_t;
+    m->layers[l] = lw; /* the layer as it is, its streamed tensors pointing into the staging slot */
     return 0;
 }
 

@@ -64,28 +64,6 @@ static void fixture_free(fixture *f) {
     free(f->table), free(f->data);
 }
 
-typedef struct {
-    bool done;
-    bundle_batch_result res;
-} outcome;
-
-static void on_done(void *ctx, const bundle_batch_result *r) {
-    outcome *o = ctx;
-    o->done = true;
-    o->res = *r;
-}
-
-/* One batch, waited for: 0, or -1 with its error */
-static int load(fixture *f, const bundle_key *keys, int n, int *unplaced, char *err, size_t errlen) {
-    outcome o = {0};
-    if (bundle_loader_start(&f->l, keys, n, on_done, &o, err, errlen)) return -1;
-    while (!o.done) bundle_loader_poll(&f->l, 100);
-    if (unplaced) *unplaced = (int)o.res.unplaced;
-    if (!o.res.error[0]) return 0;
-    snprintf(err, errlen, "%s", o.res.error);
-    return -1;
-}
-
 /* the cached bundle equals the file's bytes */
 static bool cached_right(fixture *f, bundle_key k) {
     ncache_ref ref;
@@ -94,6 +72,34 @@ static bool cached_right(fixture *f, bundle_key k) {
     const bool same = memcmp(p, f->b.region[k.layer] + (size_t)k.bundle * f->b.stride, f->b.stride) == 0;
     ncache_unpin(f->cache, &ref);
     return same;
+}
+
+/* A batch's answer, with whether its keys were all cached right when it came. */
+typedef struct {
+    fixture *f;
+    const bundle_key *keys;
+    int n;
+    bool done, all_cached;
+    bundle_batch_result res;
+} watched;
+
+static void on_watched(void *ctx, const bundle_batch_result *r) {
+    watched *w = ctx;
+    w->done = true;
+    w->res = *r;
+    w->all_cached = true;
+    for (int i = 0; i < w->n; i++) w->all_cached &= cached_right(w->f, w->keys[i]);
+}
+
+/* One batch, waited for: 0, or -1 with its error */
+static int load(fixture *f, const bundle_key *keys, int n, int *unplaced, char *err, size_t errlen) {
+    watched w = {f, keys, 0, false, false, {0}}; /* n 0: nothing looked at when it is answered */
+    if (bundle_loader_start(&f->l, keys, n, on_watched, &w, err, errlen)) return -1;
+    while (!w.done) bundle_loader_poll(&f->l, 100);
+    if (unplaced) *unplaced = (int)w.res.unplaced;
+    if (!w.res.error[0]) return 0;
+    snprintf(err, errlen, "%s", w.res.error);
+    return -1;
 }
 
 typedef struct {
@@ -207,23 +213,6 @@ static void test_full(void) {
               cached_right(&f, more[0]) && cached_right(&f, more[1]),
           "unpinned, they load");
     fixture_free(&f);
-}
-
-/* A batch's answer, with whether its keys were all cached right when it came. */
-typedef struct {
-    fixture *f;
-    const bundle_key *keys;
-    int n;
-    bool done, all_cached;
-    bundle_batch_result res;
-} watched;
-
-static void on_watched(void *ctx, const bundle_batch_result *r) {
-    watched *w = ctx;
-    w->done = true;
-    w->res = *r;
-    w->all_cached = true;
-    for (int i = 0; i < w->n; i++) w->all_cached &= cached_right(w->f, w->keys[i]);
 }
 
 static void test_concurrent(void) {

@@ -28,23 +28,18 @@ MODEL=$TMP/m.pwri
 "$BIN/mkmodel" -o "$MODEL" --preset small --dim 1024 --ff 16384 --layers 16 --heads 16 --kv-heads 4 --vocab 512 \
     --ctx 128 --act relu --pwri --seed 5 >/dev/null 2>&1
 check "mkmodel writes the test model" $?
-cat >"$TMP/off.conf" <<'EOF'
-cachemgr cpus=0
-io-worker cpus=1
-coordinator cpus=0
-npu-worker cpus=0-1 threads=2
-cpu-worker cpus=0 threads=1
-cpu-worker cpus=1 threads=1
-max-prefill=32
-ctx=128
-EOF
+# two.conf with the io-worker on the other core than cachemgr, short prompts, a short context
+{ sed 's/^io-worker cpus=0$/io-worker cpus=1/' "$TMP/two.conf"; printf '%s\n' max-prefill=32 ctx=128; } >"$TMP/off.conf"
 PROMPT="Once upon a time there was a little"
 SIZE=$(stat -c %s "$MODEL")
 
-generate() { # generate RUN OUT [env...]: pi2 run of the prompt into OUT; its status
-    local run=$1 out=$2
-    shift 2
-    env "$@" "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$out" 2>"$out.err"
+in_cg() { # in_cg CG CMD...: CMD inside memory cgroup CG (none when CG is empty)
+    local cg=$1
+    shift
+    if [ -n "$cg" ]; then bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "$@"; else "$@"; fi
+}
+generate() { # generate RUN OUT [CG]: pi2 run of the prompt into OUT (stderr OUT.err), inside CG; its status
+    in_cg "${3:-}" "$PI2" run -r "$1" -p "$PROMPT" -n 24 --seed 1 >"$2" 2>"$2.err"
 }
 
 new_run R
@@ -92,17 +87,10 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
         cg=$CG_ROOT/pi2-$run
         mkdir "$cg" && echo $((mib << 20)) >"$cg/memory.limit_in_bytes"
         sync && echo 3 >/proc/sys/vm/drop_caches
-        bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "${cmd[@]}" >/dev/null 2>"$TMP/up-$pct.err"
-    else
-        "${cmd[@]}" >/dev/null 2>"$TMP/up-$pct.err"
     fi
+    in_cg "$cg" "${cmd[@]}" >/dev/null 2>"$TMP/up-$pct.err"
     check "pi2 up --plan at $pct %" $?
-    if [ -n "$cg" ]; then
-        bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
-            "$PI2" run -r "$run" -p "$PROMPT" -n 24 --seed 1 >"$TMP/out-$pct.txt" 2>"$TMP/out-$pct.txt.err"
-    else
-        generate "$run" "$TMP/out-$pct.txt"
-    fi
+    generate "$run" "$TMP/out-$pct.txt" "$cg"
     cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
     check "at $pct % of the file the text equals the unbudgeted run's" $?
     cache_stats "$pct" "$run"
@@ -120,14 +108,13 @@ for pct in 100 60 50; do budgeted "$pct"; done
 
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN
-in_cap() { if [ -n "$LAST_CG" ]; then bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$LAST_CG" "$@"; else "$@"; fi; }
 # each process that takes part in a budgeted decode, killed -9 while misses are in flight (decode runs
 # from about 0.3 s to 4 s of the generation; most of it waiting for reads)
 for victim in io-worker:0.3 cpu-worker.1:1.0 cachemgr:1.5 cpu-worker.0:2.0; do
     name=${victim%:*}
     pid=$(cat "$("$PI2" rundir -r "$R50")/$name.pid")
     ( sleep "${victim#*:}"; kill -9 "$pid" ) &
-    in_cap "$PI2" run -r "$R50" -p "$PROMPT" -n 24 --seed 1 >"$TMP/kill.txt" 2>/dev/null
+    generate "$R50" "$TMP/kill.txt" "$LAST_CG"
     wait
     cmp -s "$TMP/ref.txt" "$TMP/kill.txt"
     check "$name killed -9 mid-generation: the same text" $?

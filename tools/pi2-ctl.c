@@ -118,29 +118,26 @@ static void print_process(const proc_row *r, int64_t now_ms) {
            (unsigned long long)atomic_load(&r->tokens_served), starts ? starts - 1 : 0, rss, cpus);
 }
 
-/* Under a budget, each cpu-worker's neuron cache since the stack started:
- * totals, shares of them, and averages per token and per layer step. */
 /* The cold cache's slots now: pinned (a worker computing from them) and loading. */
 static void print_slot_census(const char *runid) {
     char name[SHM_NAME_MAX], err[256];
-    uint64_t cold_bytes, table_bytes;
     shm_segment *seg = shm_make_name(name, sizeof name, runid, STACK_SEG_FFN)
                            ? NULL
                            : shm_attach(name, SHM_KIND_SLOTS, SHM_ATTACH_READONLY | SHM_ATTACH_NO_POPULATE);
-    uint8_t *cold = seg ? shm_region_ptr(seg, "cold", &cold_bytes) : NULL;
-    void *table = seg ? shm_region_ptr(seg, "table", &table_bytes) : NULL;
-    ncache *c = cold && table ? ncache_attach(table, table_bytes, cold, cold_bytes, err, sizeof err) : NULL;
+    ncache *c = seg ? offload_cache_attach(seg, err, sizeof err) : NULL;
     if (c) {
         uint32_t pinned, loading;
         ncache_census(c, &pinned, &loading);
         printf("cold slots: %u, %u pinned now, %u loading\n", ncache_shape_of(c)->n_slots, pinned, loading);
         ncache_detach(c);
     } else {
-        printf("cold slots: unknown (%s)\n", seg ? (cold && table ? err : "a region is missing") : shm_last_error());
+        printf("cold slots: unknown (%s)\n", seg ? err : shm_last_error());
     }
     shm_detach(seg);
 }
 
+/* Under a budget, each cpu-worker's neuron cache since the stack started:
+ * totals, shares of them, and averages per token and per layer step. */
 static void print_offload(const stack_ctl *ctl) {
     printf("neuron cache (since start; per token and per layer: averages):\n");
     printf("  %-14s %8s %6s %6s %6s %12s %10s %11s %8s %8s %12s\n", "worker", "tokens", "hot%", "cold%", "read%",

@@ -18,12 +18,6 @@
 
 #include "engine/engine_impl.h"
 
-void *engine_xcalloc(size_t n, size_t size, int *failed) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) *failed = 1;
-    return p;
-}
-
 engine *engine_new(const model *m, int n_threads, int n_ctx, char *err, size_t errlen) {
     return engine_new_with_kernels(m, kernels_best(), n_threads, n_ctx, err, errlen);
 }
@@ -42,30 +36,30 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     int bad = !e->pool;
     size_t cache = (size_t)m->n_layer * (size_t)n_ctx * (size_t)e->kv_dim;
     int wide = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
-    e->k_cache = engine_xcalloc(cache, sizeof(uint16_t), &bad);
-    e->v_cache = engine_xcalloc(cache, sizeof(uint16_t), &bad);
-    e->x = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->xb = engine_xcalloc((size_t)wide, sizeof(float), &bad);
-    e->q = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->kv_k = engine_xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
-    e->kv_v = engine_xcalloc((size_t)e->kv_dim, sizeof(float), &bad);
-    e->att_out = engine_xcalloc((size_t)m->n_embd, sizeof(float), &bad);
-    e->hb = engine_xcalloc((size_t)m->n_ff, sizeof(float), &bad);
-    e->logits = engine_xcalloc((size_t)m->n_vocab, sizeof(float), &bad);
-    e->scores = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
-    e->probs16 = engine_xcalloc((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
-    e->q16 = engine_xcalloc((size_t)m->n_embd, sizeof(uint16_t), &bad);
-    e->rope_cs = engine_xcalloc((size_t)m->head_dim, sizeof(float), &bad);
+    e->k_cache = calloc_flagged(cache, sizeof(uint16_t), &bad);
+    e->v_cache = calloc_flagged(cache, sizeof(uint16_t), &bad);
+    e->x = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    e->xb = calloc_flagged((size_t)wide, sizeof(float), &bad);
+    e->q = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    e->kv_k = calloc_flagged((size_t)e->kv_dim, sizeof(float), &bad);
+    e->kv_v = calloc_flagged((size_t)e->kv_dim, sizeof(float), &bad);
+    e->att_out = calloc_flagged((size_t)m->n_embd, sizeof(float), &bad);
+    e->hb = calloc_flagged((size_t)m->n_ff, sizeof(float), &bad);
+    e->logits = calloc_flagged((size_t)m->n_vocab, sizeof(float), &bad);
+    e->scores = calloc_flagged((size_t)m->n_head * (size_t)n_ctx, sizeof(float), &bad);
+    e->probs16 = calloc_flagged((size_t)m->n_head * (size_t)n_ctx, sizeof(uint16_t), &bad);
+    e->q16 = calloc_flagged((size_t)m->n_embd, sizeof(uint16_t), &bad);
+    e->rope_cs = calloc_flagged((size_t)m->head_dim, sizeof(float), &bad);
     int nth = e->n_threads = e->pool ? pool_size(e->pool) : 1;
-    e->partials = engine_xcalloc((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
-    e->scratch = engine_xcalloc((size_t)nth, sizeof *e->scratch, &bad);
-    e->chunk_stats = engine_xcalloc((size_t)nth, sizeof *e->chunk_stats, &bad);
+    e->partials = calloc_flagged((size_t)ffn_chunk_count(m) * (size_t)m->n_embd, sizeof(float), &bad);
+    e->scratch = calloc_flagged((size_t)nth, sizeof *e->scratch, &bad);
+    e->chunk_stats = calloc_flagged((size_t)nth, sizeof *e->chunk_stats, &bad);
     for (int t = 0; t < nth && e->scratch; t++) bad |= ffn_scratch_init(&e->scratch[t], m) != 0;
     e->gather = ffn_gather_for(k);
     e->axpy = sparse_kernels_best();
     e->tb = tinyblas_best();
-    e->in.f16 = engine_xcalloc((size_t)wide, sizeof(uint16_t), &bad);
-    e->in.q8 = engine_xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    e->in.f16 = calloc_flagged((size_t)wide, sizeof(uint16_t), &bad);
+    e->in.q8 = calloc_flagged((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     if (bad) {
         snprintf(err, errlen, "out of memory allocating the engine (KV cache %zu MiB)", cache * 4 >> 20);
         engine_free(e);
@@ -114,8 +108,8 @@ void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx) {
 static int down_t_alloc(engine *e, char *err, size_t errlen) {
     const model *m = e->m;
     int bad = 0;
-    e->down_t = engine_xcalloc((size_t)m->n_layer, sizeof *e->down_t, &bad);
-    e->down_t_built = engine_xcalloc((size_t)m->n_layer, sizeof *e->down_t_built, &bad);
+    e->down_t = calloc_flagged((size_t)m->n_layer, sizeof *e->down_t, &bad);
+    e->down_t_built = calloc_flagged((size_t)m->n_layer, sizeof *e->down_t_built, &bad);
     for (int l = 0; l < m->n_layer && !bad; l++) {
         long first;
         if (ffn_down_t_for(&m->layers[l], 0, m->n_ff, &e->down_t[l], &first, &e->down_t_built[l])) {
@@ -135,9 +129,9 @@ static int down_t_alloc(engine *e, char *err, size_t errlen) {
 static int predictor_buffers_alloc(engine *e, const predictor *p) {
     int rank = predictor_max_rank(p), wide = rank > e->m->n_embd ? rank : e->m->n_embd, bad = 0;
     predictor_buffers_free(e);
-    e->pred_hidden = engine_xcalloc((size_t)rank, sizeof(float), &bad);
-    e->pred_conv.f16 = engine_xcalloc((size_t)wide, sizeof(uint16_t), &bad);
-    e->pred_conv.q8 = engine_xcalloc((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    e->pred_hidden = calloc_flagged((size_t)rank, sizeof(float), &bad);
+    e->pred_conv.f16 = calloc_flagged((size_t)wide, sizeof(uint16_t), &bad);
+    e->pred_conv.q8 = calloc_flagged((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     return bad ? -1 : 0;
 }
 

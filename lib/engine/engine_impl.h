@@ -1,6 +1,6 @@
 /* Private to the reference engine's files (engine.c: the token-by-token
- * forward pass; engine_prefill.c: llama.cpp's prompt batch; prompt.c, for
- * engine_xcalloc): the engine's state and the pieces they use. */
+ * forward pass; engine_prefill.c: llama.cpp's prompt batch): the engine's
+ * state and the pieces they use. */
 #ifndef PI2_ENGINE_IMPL_H
 #define PI2_ENGINE_IMPL_H
 
@@ -11,6 +11,7 @@
 #include "engine/ops.h"
 #include "engine/prompt.h"
 #include "kernels/sparse_kernels.h"
+#include "util/calloc_flagged.h"
 #include "util/threadpool.h"
 #include "kernels/tinyblas.h"
 
@@ -49,7 +50,6 @@ struct engine {
     const tinyblas_kernels *tb;
 };
 
-void *engine_xcalloc(size_t n, size_t size, int *failed); /* sets *failed on NULL */
 kv_layer engine_layer_cache(const engine *e, int l);
 /* o_i = W_i . x for count (1..3) weights over one input, rows shared out over the pool */
 void engine_matvec(engine *e, const float *x, int n, int count, const weight *w0, float *o0, const weight *w1,

@@ -1,6 +1,6 @@
 /* The dense prompt pass (prompt.h). */
 #include "engine/prompt.h"
-#include "engine/engine_impl.h" /* engine_xcalloc */
+#include "util/calloc_flagged.h"
 #include "kernels/sparse_kernels.h"
 
 #include <stdio.h>
@@ -406,7 +406,7 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     p->n_threads = pool_size(pool);
     const pass_dims d = dims_of(m, max_tok, n_ctx, p->n_threads);
     int bad = 0;
-#define ALLOC(field, count) p->field = engine_xcalloc(count, sizeof *p->field, &bad);
+#define ALLOC(field, count) p->field = calloc_flagged(count, sizeof *p->field, &bad);
     PASS_BUFFERS(ALLOC)
 #undef ALLOC
     for (size_t i = 0; !bad && i < d.nth; i++)

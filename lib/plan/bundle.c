@@ -22,13 +22,6 @@ uint32_t bundle_down_type(const model *m) {
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-/* A region's checksum: checksum64 of its bundles' checksums, so a reader of
- * one bundle can check it alone and the writer streams. */
-static uint64_t region_checksum(const uint8_t *region, long n_bundles, size_t stride, uint64_t *per_bundle) {
-    for (long i = 0; i < n_bundles; i++) per_bundle[i] = checksum64(region + (size_t)i * stride, stride);
-    return checksum64(per_bundle, sizeof(uint64_t) * (size_t)n_bundles);
-}
-
 /* Every layer's order is a permutation of 0 .. n_ff - 1: 0, or -1 naming the first bad slot. */
 static int check_order(const int32_t *order, int n_layer, int n_ff, const char *what, char *err, size_t errlen) {
     unsigned char *seen = malloc((size_t)n_ff);
@@ -415,19 +408,14 @@ bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes
     return checksum64(bytes, b->stride) == b->bundle_checksum[(size_t)l * (size_t)b->n_bundles + (size_t)bundle];
 }
 
+/* Opening proved each layer's bundle checksums add up to its checksum: the bundles against theirs suffice. */
 int bundle_verify(const bundle_file *b, char *err, size_t errlen) {
-    uint64_t *sums = malloc(sizeof(uint64_t) * (size_t)b->n_bundles);
-    if (!sums) {
-        err_set(err, errlen, "out of memory");
-        return -1;
-    }
-    int rc = 0;
-    for (int l = 0; l < b->n_layer && !rc; l++)
-        if (region_checksum(b->region[l], b->n_bundles, b->stride, sums) != b->checksum[l]) {
-            err_set(err, errlen, "layer %d's bundles (file offset %llu, %llu bytes) do not match their checksum", l,
-                    (unsigned long long)b->region_offset[l], (unsigned long long)b->n_bundles * b->stride);
-            rc = -1;
-        }
-    free(sums);
-    return rc;
+    for (int l = 0; l < b->n_layer; l++)
+        for (long k = 0; k < b->n_bundles; k++)
+            if (!bundle_check(b, l, k, b->region[l] + (size_t)k * b->stride)) {
+                err_set(err, errlen, "layer %d's bundles (file offset %llu, %llu bytes) do not match their checksum",
+                        l, (unsigned long long)b->region_offset[l], (unsigned long long)b->n_bundles * b->stride);
+                return -1;
+            }
+    return 0;
 }

@@ -218,3 +218,14 @@ void offload_hot_range(const offload *o, int l, uint64_t *file_offset, uint64_t 
 uint64_t offload_pin_log_bytes(const offload *o, int n_workers) {
     return (uint64_t)n_workers * (uint64_t)o->n_bundles * sizeof(uint32_t);
 }
+
+ncache *offload_cache_attach(shm_segment *seg, char *err, size_t errlen) {
+    uint64_t cold_bytes, table_bytes;
+    uint8_t *cold = shm_region_ptr(seg, "cold", &cold_bytes);
+    void *table = shm_region_ptr(seg, "table", &table_bytes);
+    if (!cold || !table) {
+        snprintf(err, errlen, "the neuron cache segment has no \"%s\" region", cold ? "table" : "cold");
+        return NULL;
+    }
+    return ncache_attach(table, table_bytes, cold, cold_bytes, err, errlen);
+}

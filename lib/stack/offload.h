@@ -33,6 +33,7 @@
 #include "plan.pb-c.h"
 #include "plan/bundle.h"
 #include "stack/neuron_cache.h"
+#include "stack/shm.h"
 
 #define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table", "pins" */
 
@@ -81,6 +82,10 @@ static inline uint64_t offload_hot_region_bytes(const offload *o) { return o->ho
  * holds pinned + 1 (0: none), so the process that takes a killed worker's
  * place lets its pins go. */
 uint64_t offload_pin_log_bytes(const offload *o, int n_workers);
+
+/* The slot table of neuron cache segment seg (its regions "table" and "cold"), attached (ncache_attach).
+ * NULL with err set. */
+ncache *offload_cache_attach(shm_segment *seg, char *err, size_t errlen);
 
 /* The slot table's shape: (layer, expert 0, bundle) keys, cold-region slots of a bundle's stride. */
 ncache_shape offload_cache_shape(const offload *o, const model *m);

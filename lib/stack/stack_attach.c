@@ -111,7 +111,7 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
         !(s->act_seg = attach_waiting(spec, STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, deadline)))
         goto fail;
     if (s->ctl->plan_path[0]) {
-        if (offload_open(&s->off, &s->m, model_path, s->ctl->plan_path, true, err, sizeof err)) {
+        if (offload_open(&s->off, &s->m, model_path, s->ctl->plan_path, spec->neuron_positions, err, sizeof err)) {
             log_error("%s", err);
             goto fail;
         }

@@ -29,6 +29,7 @@ typedef struct {
      * process waiting (workers claim theirs later, in worker_link_open) */
     const char *early_row;
     const volatile sig_atomic_t *stop;
+    bool neuron_positions;    /* under a budget, offload.pos_of too: the cpu-workers look neurons up */
 } stack_view_spec;
 
 typedef struct {
