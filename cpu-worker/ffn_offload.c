@@ -39,7 +39,7 @@ struct ffn_offload {
     int32_t *sel_idx;            /* [n_ff]: each chunk's selection at its first neuron */
     float *sel_gate;             /* [n_ff] */
     int *sel_n;                  /* [n_chunks]: by chunk id */
-    int64_t *bundle_at;          /* [n_bundles]: UNSEEN, MISSING, or the pinned slot's byte offset from base */
+    int64_t *bundle_at;          /* [n_bundles]: UNSEEN, MISSING, or the (hot or pinned) bundle's byte offset from base */
     uint32_t *pins;              /* [n_bundles]: this worker's pin log in the segment (offload_pin_log_bytes) */
     uint32_t *touched, *missing; /* [n_bundles] */
     int n_pins, n_touched, n_missing;
@@ -187,12 +187,12 @@ static int32_t place(const ffn_offload *o, uint64_t bytes) { return (int32_t)(by
  * round finds again what it counted, or what it read). */
 static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     const offload *off = o->off;
+    if (o->bundle_at[b] != UNSEEN) return o->bundle_at[b]; /* a bundle is counted once, not per firing neuron */
+    o->touched[o->n_touched++] = b;
     if (b < off->plan->hot_bundles[l]) {
         o->stats.hot += count;
-        return (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
+        return o->bundle_at[b] = (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
     }
-    if (o->bundle_at[b] != UNSEEN) return o->bundle_at[b];
-    o->touched[o->n_touched++] = b;
     ncache_ref ref;
     const uint8_t *p = ncache_pin(o->cache, (uint32_t)l, 0, b, &ref);
     if (!p) {
