@@ -47,7 +47,8 @@ typedef struct {
     uint64_t hot_bytes;
     ncache *cache;             /* attached once cachemgr has laid the table out */
     bundle_loader loader;
-    int queue_depth;
+    int queue_depth;           /* -q: both files' reads in flight; 0: 32 and the plan's */
+    bool verify;               /* bundles checked against their checksums as they land */
     uint64_t bundle_fault_left;/* PI2_BUNDLE_FAULT: reads still to spoil (a test-only switch) */
     int bundle_fault_kind;
 } io_worker;

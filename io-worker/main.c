@@ -18,13 +18,15 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N]\n"
+            "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N] [--no-verify]\n"
             "Reads the model file into the run's weights segment with io_uring (O_DIRECT), serving\n"
             "IoReadBatch requests on the run's \"io\" endpoint; under a memory budget also the plan's bundle\n"
             "file into the neuron cache (BundleLoad from the cpu-workers, docs/offload.md).\n"
             "  -m, --model FILE       the model the stack runs\n"
             "  -r, --run RUNID        run id (default: $PI2_RUN, else \"default\")\n"
-            "  -q, --queue-depth N    io_uring entries, reads in flight (default 32)\n"
+            "  -q, --queue-depth N    io_uring entries, reads in flight (default: 32 for the model file,\n"
+            "                         the plan's for the bundle file)\n"
+            "      --no-verify        do not check bundles against their checksums as they are read\n"
             "  -h, --help             this help\n"
             "Environment: PI2_LOG=debug|info|warn|error; PI2_IO_DELAY_US=N pauses N us before each\n"
             "batch (fault-injection aid for tests)\n");
@@ -32,22 +34,25 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *model, *runid;
-    int queue_depth;
+    int queue_depth; /* 0: the defaults */
+    bool no_verify;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
                                              {"run", required_argument, 0, 'r'},
                                              {"queue-depth", required_argument, 0, 'q'},
+                                             {"no-verify", no_argument, 0, 'V'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    *o = (options){.runid = cli_default_runid(), .queue_depth = 32};
+    *o = (options){.runid = cli_default_runid()};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:q:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'r': o->runid = optarg; break;
         case 'q': if (cli_parse_int(optarg, "--queue-depth", 1, 4096, &o->queue_depth)) return -1; break;
+        case 'V': o->no_verify = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -118,13 +123,13 @@ int main(int argc, char **argv) {
 
     const char *delay = getenv("PI2_IO_DELAY_US");
     io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0,
-                   .queue_depth = o.queue_depth};
+                   .queue_depth = o.queue_depth, .verify = !o.no_verify};
     if (!realpath(o.model, w.model_path)) {
         log_error("model %s: %s", o.model, strerror(errno));
         return 1;
     }
     char err[512];
-    w.reader = uring_reader_open(w.model_path, (unsigned)o.queue_depth, err, sizeof err);
+    w.reader = uring_reader_open(w.model_path, o.queue_depth ? (unsigned)o.queue_depth : 32, err, sizeof err);
     if (!w.reader) { log_error("%s", err); return 1; }
 
     int status = 1;

@@ -62,6 +62,11 @@ void iow_close_offload(io_worker *w) {
     w->budgeted = false;
 }
 
+/* the plan's depth: the one its hardware profile found within 10 % of the best rate */
+static unsigned bundle_queue_depth(const io_worker *w) {
+    return w->queue_depth ? (unsigned)w->queue_depth : w->off.plan->queue_depth;
+}
+
 int iow_open_offload(io_worker *w) {
     if (w->budgeted && !shm_is_stale(w->ffn_seg)) return 0;
     if (w->budgeted) {
@@ -80,7 +85,7 @@ int iow_open_offload(io_worker *w) {
     }
     w->budgeted = true; /* from here iow_close_offload frees the model */
     if (offload_open(&w->off, &w->m, w->model_path, w->ctl->plan_path, false, err, sizeof err) ||
-        !(w->bundle_reader = uring_reader_open(w->off.bundle_path, (unsigned)w->queue_depth, err, sizeof err))) {
+        !(w->bundle_reader = uring_reader_open(w->off.bundle_path, bundle_queue_depth(w), err, sizeof err))) {
         log_error("%s", err);
         goto fail;
     }
@@ -91,10 +96,10 @@ int iow_open_offload(io_worker *w) {
         goto fail;
     }
     w->loader = (bundle_loader){.b = &w->off.bundles, .path = w->off.bundle_path, .reader = w->bundle_reader,
-                                .verify = true, .fault = spoil_read, .fault_ctx = w};
+                                .verify = w->verify, .fault = spoil_read, .fault_ctx = w};
     parse_fault(w);
-    log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes", w->off.bundle_path, w->off.cold_slots,
-             w->off.stride);
+    log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight%s", w->off.bundle_path,
+             w->off.cold_slots, w->off.stride, bundle_queue_depth(w), w->verify ? "" : ", checksums not checked");
     return 0;
 fail:
     iow_close_offload(w);

@@ -83,7 +83,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_BUNDLE_CHECKSUMS="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
 MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
@@ -143,8 +143,13 @@ parse_config() {
             [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
             CFG_PREFILL_STALL=${kind#prefill-stall=}; check_count "$CFG_PREFILL_STALL" prefill-stall "$where" 1 3600000
             continue ;;
+        bundle-checksums=*)
+            [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
+            CFG_BUNDLE_CHECKSUMS=${kind#bundle-checksums=}
+            case $CFG_BUNDLE_CHECKSUMS in on | off) ;; *) die "$where: bundle-checksums='$CFG_BUNDLE_CHECKSUMS' is not on or off" ;; esac
+            continue ;;
         cachemgr | io-worker | coordinator | npu-worker | cpu-worker) ;;
-        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N or prefill-stall=MS)" ;;
+        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N, prefill-stall=MS or bundle-checksums=on|off)" ;;
         esac
         if [ "$kind" != cpu-worker ] && [ -n "${seen[$kind]:-}" ]; then
             die "$where: a second $kind (the first is on line ${seen[$kind]})"
@@ -211,8 +216,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
-            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_BUNDLE_CHECKSUMS=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
+            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_BUNDLE_CHECKSUMS" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
         printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
@@ -288,7 +293,10 @@ proc_command() { # fills CMD for process i
         if [ -n "$CFG_SMALL_PAGES" ]; then CMD+=(--small-pages); fi
         if [ -n "$CFG_PLAN" ]; then CMD+=(--plan "$CFG_PLAN"); fi
         ;;
-    io-worker) CMD=("$BIN_DIR/io-worker" "${base[@]}") ;;
+    io-worker)
+        CMD=("$BIN_DIR/io-worker" "${base[@]}")
+        if [ "$CFG_BUNDLE_CHECKSUMS" = off ]; then CMD+=(--no-verify); fi
+        ;;
     coordinator)
         CMD=("$BIN_DIR/coordinator" "${base[@]}")
         has_npu_worker || CMD+=(--no-npu)

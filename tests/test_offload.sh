@@ -161,6 +161,14 @@ head -c -1 "$TMP/bad.txt" >"$TMP/bad.trim"
 cmp -s "$TMP/bad.trim" <(head -c "$(stat -c %s "$TMP/bad.trim")" "$TMP/ref.txt")
 check "... and never with other text" $?
 "$PI2" down -r "$RF" >/dev/null 2>&1
+# checks off (stack config bundle-checksums=off): the same corruption is not caught, so the switch is real
+{ cat "$TMP/off.conf"; echo bundle-checksums=off; } >"$TMP/nocheck.conf"
+new_run RF
+PI2_BUNDLE_FAULT=corrupt:100000 "$PI2" up -r "$RF" -c "$TMP/nocheck.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1
+generate "$RF" "$TMP/nocheck.txt" &&
+    grep -q "checksums not checked" "$("$PI2" rundir -r "$RF")/logs/io-worker.log"
+check "bundle-checksums=off: the io-worker does not check, a corrupted read goes through" $?
+"$PI2" down -r "$RF" >/dev/null 2>&1
 
 # under the floor
 new_run RL

@@ -68,6 +68,8 @@ bad_config "threads on the coordinator" 'bad.conf:3: coordinator takes no thread
     "cachemgr" "io-worker" "coordinator threads=2" "cpu-worker"
 bad_config "zero threads" 'bad.conf:4: threads=.0.' "cachemgr" "io-worker" "coordinator" "cpu-worker threads=0"
 bad_config "unknown setting" 'bad.conf:1: unknown setting .cpu=0.' "cachemgr cpu=0" "io-worker" "coordinator" "cpu-worker"
+bad_config "bad checksum switch" 'bad.conf:1: bundle-checksums=.maybe. is not on or off' \
+    "bundle-checksums=maybe" "cachemgr" "io-worker" "coordinator" "cpu-worker"
 bad_config "two coordinators" 'bad.conf:4: a second coordinator' "cachemgr" "io-worker" "coordinator" "coordinator" "cpu-worker"
 bad_config "no cpu-worker" 'no cpu-worker line' "cachemgr" "io-worker" "coordinator"
 bad_config "no cachemgr" 'no cachemgr line' "io-worker" "coordinator" "cpu-worker"
