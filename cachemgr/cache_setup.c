@@ -1,10 +1,12 @@
 /* The neuron cache of a budgeted stack (docs/offload.md), once the hot
  * region is read: each hot bundle is checked against its own checksum (the
  * bundle file names a bad one: corrupted storage must not become wrong
- * weights), then the slot table is laid out fresh over the cold region. */
+ * weights), then the slot table is laid out fresh over the cold region, and
+ * the cpu-workers' shared predictor copy is made. */
 #include <stdio.h>
 
 #include "cachemgr.h"
+#include "engine/predictor.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -40,5 +42,18 @@ int cm_ready_cache(cachemgr *c) {
         return -1;
     }
     ncache_detach(nc);
+    /* the one Q8_0 predictor copy the cpu-workers share, from the file's F16 rows */
+    const offload *o = &c->off;
+    if (!o->predictor_image_bytes) return 0;
+    t0 = clock_seconds();
+    if (o->predictor_image_offset + o->predictor_image_bytes > c->weights_bytes ||
+        predictor_q8_0_image_write(&c->m, c->weights + o->predictor_image_offset, o->predictor_image_bytes, err,
+                                   sizeof err)) {
+        log_error("the shared predictor copy: %s", o->predictor_image_offset + o->predictor_image_bytes >
+                                                           c->weights_bytes ? "past the weights segment" : err);
+        return -1;
+    }
+    log_info("predictor converted to Q8_0 once for the cpu-workers: %.1f MiB in %.2f s",
+             o->predictor_image_bytes / 1048576.0, clock_seconds() - t0);
     return 0;
 }

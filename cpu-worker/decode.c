@@ -415,7 +415,11 @@ static int sparse_setup(decoder *d, const char *runid, const char *name) {
     if (mode != FFN_DENSE && !d->sv->budgeted && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];
-    d->pred = predictor_load(m, ctl->predictor_path[0] ? ctl->predictor_path : NULL, err, sizeof err);
+    const offload *o = &d->sv->off;
+    d->pred = d->sv->budgeted && o->predictor_image_bytes
+                  ? predictor_load_shared(m, d->sv->weights + o->predictor_image_offset, o->predictor_image_bytes,
+                                          err, sizeof err)
+                  : predictor_load(m, ctl->predictor_path[0] ? ctl->predictor_path : NULL, err, sizeof err);
     if (!d->pred) {
         log_error("%s", err);
         return -1;

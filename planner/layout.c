@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/predictor.h"
 #include "engine/prompt.h"
 #include "plan/bundle.h"
 #include "util/log.h"
@@ -17,16 +18,15 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const model *m = in->m;
     memset(f, 0, sizeof *f);
     const uint64_t norms = (uint64_t)m->n_embd * sizeof(float);
-    uint64_t attention = 0, predictor = 0, copies = 0, gates = 0;
+    /* an F16 PowerInfer predictor the kernels convert: one Q8_0 copy in the weights segment (stack/offload.h) */
+    const uint64_t shared_copy = in->side_predictor_bytes ? 0 : predictor_q8_0_image_bytes(m);
+    uint64_t attention = 0, predictor = shared_copy, gates = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
         attention += weight_bytes(&w->wq) + weight_bytes(&w->wk) + weight_bytes(&w->wv) + weight_bytes(&w->wo) + 2 * norms;
         for (int i = 0; i < 2 && !in->side_predictor_bytes; i++) {
             const weight *p = i ? &w->fc2 : &w->fc1;
-            if (p->type == GGML_TYPE_F16 || p->type == GGML_TYPE_F32) /* each worker's Q8_0 copy, rows padded */
-                copies += (uint64_t)p->rows * ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)(p->cols + 31) / 32 * 32);
-            else
-                predictor += weight_bytes(p);
+            if (!shared_copy || (p->type != GGML_TYPE_F16 && p->type != GGML_TYPE_F32)) predictor += weight_bytes(p);
         }
         gates += weight_bytes(&w->gate);
     }
@@ -40,9 +40,8 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     f->neuron_bytes = f->gate_row + f->up_row + f->down_row;
     const bool predicts = in->mode == FFN_PREDICTOR;
     f->preload = attention + output + row + (predicts ? predictor : gates) + kv_bytes(m, in->ctx);
-    f->dense_bytes = (double)(attention + output + (predicts ? predictor + copies : 0));
-    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads) +
-                 (predicts ? (uint64_t)in->cpu_workers * copies : 0);
+    f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0));
+    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
     /* in gate-first the gate rows are preloaded, so a layer streams its up and down rows */
     const size_t streamed = predicts ? f->neuron_bytes : f->up_row + f->down_row;
     f->staging = 2 * (uint64_t)m->n_ff * streamed;

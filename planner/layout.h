@@ -29,7 +29,6 @@ typedef struct {
     int n_processes;   /* in the stack */
     int threads;       /* decode compute threads in all */
     int max_prefill;   /* prompt tokens per prefill step */
-    int cpu_workers;   /* each holds its own Q8_0 copy of an F16/F32 predictor */
     uint64_t side_predictor_bytes; /* a pi2-predictor side file's size, 0: the model's own fc1/fc2 */
     const hw_profile *hw;
 } layout_inputs;

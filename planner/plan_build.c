@@ -437,7 +437,6 @@ static int plan_steps(planning *pl) {
                              .n_processes = pl->conf.n_processes,
                              .threads = pl->conf.threads,
                              .max_prefill = pl->conf.max_prefill,
-                             .cpu_workers = pl->conf.cpu_workers,
                              .side_predictor_bytes = side_bytes,
                              .hw = &pl->hw};
     layout_fixed_of(&pl->in, &pl->fixed);

@@ -267,6 +267,47 @@ static void test_powerinfer(const model *m) {
     predictor_free(p);
 }
 
+/* One Q8_0 copy made for every process (predictor_q8_0_image_write) gives the
+ * logits a predictor converting for itself gives, bit for bit, and is read in place. */
+static void test_shared_copy(const model *m) {
+    char err[512];
+    const uint64_t bytes = predictor_q8_0_image_bytes(m);
+    predictor *own = predictor_load(m, NULL, err, sizeof err), *shared = NULL;
+    uint8_t *image = malloc(bytes ? bytes : 1);
+    CHECK(own && image, "load the PWRI predictor: %s", err);
+    if (!own || !image) goto out;
+    CHECK(predictor_q8_0_image_write(m, image, bytes + 1, err, sizeof err) != 0 &&
+              !predictor_load_shared(m, image, bytes + 1, err, sizeof err),
+          "a copy of the wrong size is refused");
+    CHECK(predictor_q8_0_image_write(m, image, bytes, err, sizeof err) == 0, "write the shared copy: %s", err);
+    shared = predictor_load_shared(m, image, bytes, err, sizeof err);
+    CHECK(shared != NULL, "load over the shared copy: %s", err);
+    if (!shared) goto out;
+    if (!bytes) printf("the shared predictor copy: none on this CPU's kernels (the predictor stays F16)\n");
+    const int n = m->n_embd, ff = m->n_ff;
+    float *x = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * ff), *b = malloc(sizeof(float) * ff);
+    synth_rng rng = synth_stream(11, 0);
+    for (int i = 0; i < n; i++) x[i] = (float)synth_normal(&rng);
+    int same = 1;
+    for (int l = 0; l < m->n_layer; l++) {
+        predictor_logits(own, l, x, NULL, a);
+        predictor_logits(shared, l, x, NULL, b);
+        same &= memcmp(a, b, sizeof(float) * ff) == 0;
+    }
+    CHECK(same, "the shared copy's logits equal a worker's own copy's, bit for bit");
+    if (bytes) { /* read in place: spoiling the image's last layer changes its logits */
+        memset(image + bytes / 2, 0x7f, bytes - bytes / 2);
+        predictor_logits(shared, m->n_layer - 1, x, NULL, b);
+        predictor_logits(own, m->n_layer - 1, x, NULL, a);
+        CHECK(memcmp(a, b, sizeof(float) * ff) != 0, "the predictor reads the shared copy in place");
+    }
+    free(x); free(a); free(b);
+out:
+    predictor_free(own);
+    predictor_free(shared);
+    free(image);
+}
+
 static void overall(const model *m, const predictor_layer_stats *s, double *recall, double *precision, double *frac,
                     double *truth) {
     uint64_t hits = 0, pred = 0, tru = 0, tokens = 0;
@@ -334,6 +375,7 @@ int main(void) {
             predictor_free(p);
         }
         test_powerinfer(&pwri);
+        test_shared_copy(&pwri);
         model_free(&m); model_free(&other); model_free(&other_shape); model_free(&pwri);
     }
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

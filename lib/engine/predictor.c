@@ -92,37 +92,65 @@ static bool is_float(const weight *w) { return w->type == GGML_TYPE_F16 || w->ty
  * for a rank-130 fc2 row against 260, and on the 7B bench model recall and
  * precision moved by 1e-4 (BENCHMARKS.md). fc2's rows are padded to whole
  * blocks with zero weights; the hidden vector is padded with zeros to match
- * (convert_hidden). */
-static int to_q8_0(predictor *p) {
-    const model *m = p->m;
-    size_t total = 0, widest = 0;
+ * (convert_hidden). Only where the pass kernel runs: row by row, Q8_0 rows of
+ * the rank are slower than F16 passes. The copy is an image of every layer's
+ * converted fc1 then fc2, in that order, so one process can make it for all
+ * (predictor_q8_0_image_write). */
+/* w's bytes as a Q8_0 copy, or 0 when it stays as it is */
+static uint64_t q8_0_copy_bytes(const weight *w) {
+    return is_float(w) ? ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)q8_0_cols(w)) * (uint64_t)w->rows : 0;
+}
+
+uint64_t predictor_q8_0_image_bytes(const model *m) {
+    if (!pred_gemv_q8_0_for(kernels_best())) return 0;
+    uint64_t total = 0;
     for (int l = 0; l < m->n_layer; l++) {
-        const weight *ws[2] = {&p->a[l], &p->b[l]};
-        for (int t = 0; t < 2; t++) {
-            if (!is_float(ws[t])) continue;
-            const int64_t cols = q8_0_cols(ws[t]);
-            total += ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)cols) * (size_t)ws[t]->rows;
-            if ((size_t)cols > widest) widest = (size_t)cols;
-        }
+        if (!m->layers[l].fc1.data || !m->layers[l].fc2.data) return 0;
+        total += q8_0_copy_bytes(&m->layers[l].fc1) + q8_0_copy_bytes(&m->layers[l].fc2);
     }
-    if (!total) return 0;
-    float *row = malloc(sizeof(float) * widest);
-    /* on 2 MiB pages: every token streams all of it, and on 4 KiB pages the
-     * worker sharing its core with the coordinator took ~30 % longer per row */
-    p->owned = huge_alloc(total, &p->owned_mapped);
-    if (!row || !p->owned) { free(row); return -1; }
-    char *dst = p->owned;
-    for (int l = 0; l < m->n_layer; l++) {
-        weight *ws[2] = {&p->a[l], &p->b[l]};
-        for (int t = 0; t < 2; t++) {
-            if (is_float(ws[t])) dst += requantize_q8_0(p->k, ws[t], dst, row);
+    return total;
+}
+
+/* Points w, if float, at its Q8_0 copy at image (converting it there when
+ * convert); returns the copy's bytes (0: w stays as it is). */
+static uint64_t place_q8_0(const kernels *k, weight *w, uint8_t *image, bool convert, float *row) {
+    const uint64_t bytes = q8_0_copy_bytes(w);
+    if (bytes && convert) requantize_q8_0(k, w, (char *)image, row);
+    else if (bytes) *w = (weight){image, GGML_TYPE_Q8_0, w->rows, q8_0_cols(w), ggml_row_bytes(GGML_TYPE_Q8_0, (uint64_t)q8_0_cols(w))};
+    return bytes;
+}
+
+/* every layer's fc1 then fc2 of p placed in (or converted into) image */
+static int place_all(predictor *p, uint8_t *image, bool convert) {
+    float *row = NULL;
+    if (convert) {
+        int64_t widest = 0;
+        for (int l = 0; l < p->m->n_layer; l++) {
+            if (q8_0_cols(&p->a[l]) > widest) widest = q8_0_cols(&p->a[l]);
+            if (q8_0_cols(&p->b[l]) > widest) widest = q8_0_cols(&p->b[l]);
         }
+        if (!(row = malloc(sizeof(float) * (size_t)widest))) return -1;
+    }
+    for (int l = 0; l < p->m->n_layer; l++) {
+        image += place_q8_0(p->k, &p->a[l], image, convert, row);
+        image += place_q8_0(p->k, &p->b[l], image, convert, row);
     }
     free(row);
     return 0;
 }
 
-static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
+static int to_q8_0(predictor *p) {
+    const uint64_t total = predictor_q8_0_image_bytes(p->m);
+    if (!total) return 0;
+    /* on 2 MiB pages: every token streams all of it, and on 4 KiB pages the
+     * worker sharing its core with the coordinator took ~30 % longer per row */
+    if (!(p->owned = huge_alloc(total, &p->owned_mapped))) return -1;
+    return place_all(p, p->owned, true);
+}
+
+/* PowerInfer's fc1/fc2 from the model; their Q8_0 copies converted into memory
+ * of our own (image NULL) or found in image, predictor_q8_0_image_bytes long. */
+static predictor *load_powerinfer(const model *m, const uint8_t *image, char *err, size_t errlen) {
     for (int l = 0; l < m->n_layer; l++)
         if (!m->layers[l].fc1.data || !m->layers[l].fc2.data) {
             err_set(err, errlen, "the model has no PowerInfer predictor (blk.%d.fc1/fc2); build one with pi2-predictor build",
@@ -137,9 +165,37 @@ static predictor *load_powerinfer(const model *m, char *err, size_t errlen) {
         p->threshold[l] = m->sparse_threshold;
         if (p->a[l].rows > p->max_rank) p->max_rank = (int)p->a[l].rows;
     }
-    /* only where the pass kernel runs: row by row, Q8_0 rows of the rank are slower than F16 passes */
-    if ((p->gemv_q8_0 && to_q8_0(p)) || alloc_scratch(p)) { err_set(err, errlen, "out of memory"); predictor_free(p); return NULL; }
+    if ((predictor_q8_0_image_bytes(m) && (image ? place_all(p, (uint8_t *)image, false) : to_q8_0(p))) || alloc_scratch(p)) {
+        err_set(err, errlen, "out of memory");
+        predictor_free(p);
+        return NULL;
+    }
     return p;
+}
+
+predictor *predictor_load_shared(const model *m, const void *image, uint64_t image_bytes, char *err, size_t errlen) {
+    if (image_bytes != predictor_q8_0_image_bytes(m)) {
+        err_set(err, errlen, "the shared predictor copy has %llu bytes, this model's is %llu",
+                (unsigned long long)image_bytes, (unsigned long long)predictor_q8_0_image_bytes(m));
+        return NULL;
+    }
+    return load_powerinfer(m, image_bytes ? image : NULL, err, errlen);
+}
+
+int predictor_q8_0_image_write(const model *m, void *image, uint64_t image_bytes, char *err, size_t errlen) {
+    if (image_bytes != predictor_q8_0_image_bytes(m)) {
+        err_set(err, errlen, "a predictor copy of %llu bytes asked for, this model's has %llu",
+                (unsigned long long)image_bytes, (unsigned long long)predictor_q8_0_image_bytes(m));
+        return -1;
+    }
+    if (!image_bytes) return 0;
+    predictor *p = alloc_predictor(m, PREDICTOR_POWERINFER); /* a and b only: where the copies come from */
+    if (!p) { err_set(err, errlen, "out of memory"); return -1; }
+    for (int l = 0; l < m->n_layer; l++) p->a[l] = m->layers[l].fc1, p->b[l] = m->layers[l].fc2;
+    const int rc = place_all(p, image, true);
+    predictor_free(p);
+    if (rc) err_set(err, errlen, "out of memory");
+    return rc;
 }
 
 static bool get_u32_eq(const gguf_file *g, const char *key, uint64_t want, uint64_t *got) {
@@ -249,7 +305,7 @@ fail:
 }
 
 predictor *predictor_load(const model *m, const char *side_file, char *err, size_t errlen) {
-    return side_file ? load_lowrank(m, side_file, err, errlen) : load_powerinfer(m, err, errlen);
+    return side_file ? load_lowrank(m, side_file, err, errlen) : load_powerinfer(m, NULL, err, errlen);
 }
 
 predictor_kind predictor_get_kind(const predictor *p) { return p->kind; }

@@ -43,6 +43,16 @@ typedef struct predictor predictor;
 predictor *predictor_load(const model *m, const char *side_file, char *err, size_t errlen);
 void predictor_free(predictor *p);
 
+/* One Q8_0 copy of PowerInfer's F16/F32 fc1/fc2 for every process of a stack
+ * (a budgeted stack keeps it in the weights segment): its bytes, 0 when this
+ * machine's kernels keep the predictor as it is in the file;
+ * predictor_q8_0_image_write makes it in image (exactly that many bytes);
+ * predictor_load_shared loads the model's predictor over it, bit for bit the
+ * predictor predictor_load(m, NULL) converts for itself. */
+uint64_t predictor_q8_0_image_bytes(const model *m);
+int predictor_q8_0_image_write(const model *m, void *image, uint64_t image_bytes, char *err, size_t errlen);
+predictor *predictor_load_shared(const model *m, const void *image, uint64_t image_bytes, char *err, size_t errlen);
+
 predictor_kind predictor_get_kind(const predictor *p);
 predictor_input predictor_get_input(const predictor *p);
 int predictor_max_rank(const predictor *p);

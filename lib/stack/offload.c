@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/predictor.h"
 #include "plan/plan_file.h"
 #include "stack/neuron_cache.h"
 
@@ -36,10 +37,10 @@ static bool offload_preloads(const offload *o, const model *m, const weight *w) 
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
         if (w == &L->wq || w == &L->wk || w == &L->wv || w == &L->wo) return true;
-        /* F16/F32 predictors are read once at start-up into each worker's Q8_0 copy (predictor.h) */
+        /* F16/F32 predictors the kernels convert are in the segment as one shared Q8_0 copy instead */
         if (w == &L->fc1 || w == &L->fc2)
-            return o->mode == FFN_PREDICTOR && !o->side_predictor && w->type != GGML_TYPE_F16 &&
-                   w->type != GGML_TYPE_F32;
+            return o->mode == FFN_PREDICTOR && !o->side_predictor &&
+                   (!o->predictor_image_bytes || (w->type != GGML_TYPE_F16 && w->type != GGML_TYPE_F32));
         if (w == &L->gate) return o->mode == FFN_GATE_FIRST;
     }
     return false; /* up, down, down_t (and gate in predictor mode): from the neuron cache */
@@ -97,6 +98,8 @@ static int make_ranges(offload *o, const model *m, char *err, size_t errlen) {
         o->ranges[i].seg_offset = at;
         at += o->ranges[i].bytes;
     }
+    o->predictor_image_offset = at;
+    at += page_up(o->predictor_image_bytes);
     o->preload_bytes = at ? at : PAGE;
     return 0;
 }
@@ -133,6 +136,7 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
         goto fail;
     o->mode = p->mode == PI2__PLAN_MODE__PLAN_MODE_PREDICTOR ? FFN_PREDICTOR : FFN_GATE_FIRST;
     o->side_predictor = p->predictor && *p->predictor;
+    if (o->mode == FFN_PREDICTOR && !o->side_predictor) o->predictor_image_bytes = predictor_q8_0_image_bytes(m);
     const bundle_file *b = &o->bundles;
     o->stride = b->stride;
     o->per_bundle = b->per_bundle;

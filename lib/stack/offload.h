@@ -3,12 +3,13 @@
  * and the plan's bundle file (lib/plan/bundle.h).
  *
  * Weights segment ("data" region): only the preloaded tensors (attention,
- * the output matrix, a quantized predictor or, in gate-first, every gate
- * row; an F16 predictor is read once into each cpu-worker's Q8_0 copy), each
+ * the output matrix, the predictor or, in gate-first, every gate row), each
  * file range rounded out to pages and packed, so one O_DIRECT read lands
- * each. The FFN rows and the token embedding are not in it: tensors that are
- * not preloaded keep pointing into the model file's mapping (the
- * coordinator reads one embedding row per token from it; nothing else
+ * each; then, where the kernels convert an F16 PowerInfer predictor to Q8_0,
+ * that copy, made once by cachemgr for every cpu-worker. The FFN rows and
+ * the token embedding are not in it: tensors that are not preloaded keep
+ * pointing into the model file's mapping (the coordinator reads one
+ * embedding row per token from it; nothing else
  * touches them).
  *
  * Neuron cache segment (STACK_SEG_FFN): region "hot" holds each layer's
@@ -51,7 +52,9 @@ typedef struct {
     bool side_predictor;           /* the plan names a pi2-predictor side file: fc1/fc2 stay unloaded */
     int n_ranges;
     preload_range *ranges;
-    uint64_t preload_bytes;        /* the weights segment's "data" region */
+    uint64_t preload_bytes;        /* the weights segment's "data" region: the ranges, then the predictor copy */
+    uint64_t predictor_image_offset, predictor_image_bytes; /* in it: the one Q8_0 copy of an F16 PowerInfer
+                                    * predictor every cpu-worker reads (predictor_q8_0_image_bytes; 0: none) */
     uint64_t *hot_offset;          /* [n_layer]: layer l's hot bundles in the hot region */
     uint64_t hot_bytes, cold_bytes, table_bytes;
     uint32_t cold_slots;

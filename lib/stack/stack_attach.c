@@ -123,6 +123,7 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
     s->v = region(s->kv_seg, "v", kv_need, NULL);
     s->act = region(s->act_seg, "act", s->layout.total, &s->act_bytes);
     if (!data || !s->k || !s->v || !s->act) goto fail;
+    s->weights = data;
     if (s->budgeted ? offload_rebase(&s->off, &s->m, data, s->weights_bytes)
                     : model_rebase(&s->m, data, s->weights_bytes)) {
         log_error("a tensor of %s lies outside the weights segment", model_path);

@@ -38,6 +38,7 @@ typedef struct {
     shm_segment *ctl_seg, *weights_seg, *kv_seg, *act_seg;
     stack_ctl *ctl;
     proc_row *row;            /* spec.early_row's row, beaten PROC_DEAD on close */
+    const uint8_t *weights;   /* the weights segment's "data" region */
     uint64_t weights_bytes;
     uint16_t *k, *v;       /* KV regions, kv_region_bytes(m, n_ctx) each */
     uint64_t kv_bytes;
