@@ -24,6 +24,7 @@ LONG_LIVED_MS=5000                     # a process that ran this long before dyi
 EARLY_DEATH_MS=60000                   # a death this soon after the start counts towards a crash loop ...
 CRASH_LOOP_DEATHS=3                    # ... and this many in a row by the same signal stop the stack
 MAX_BACKOFF_MS=5000
+LOG_CAP_BYTES=$((${PI2_LOG_CAP_KB:-16384} << 10)) # a log past this is moved to NAME.log.1 (one kept)
 EXIT_USAGE=2                           # a process's exit status for bad arguments (every program)
 EXIT_CONFIG=78                         # ... for a configuration it cannot run (sysexits.h EX_CONFIG)
 
@@ -436,6 +437,19 @@ await_exit() {
     if [ -n "${died:-}" ] && [ "$died" != "$WAKE_PID" ]; then EXITED[$died]=$st; fi
 }
 
+# cap_logs: every log in the run past LOG_CAP_BYTES is copied to NAME.log.1 and
+# emptied (the process keeps its O_APPEND descriptor, so it writes on at the
+# start; lines written between the copy and the emptying are lost), so a
+# long-lived or flooded stack keeps at most two caps per log. Checked each time
+# the supervisor wakes (every WAKE_S at most).
+cap_logs() {
+    local f
+    while IFS= read -r f; do
+        cp -f -- "$f" "$f.1" && : >"$f"
+        slog "$(basename "$f") passed $((LOG_CAP_BYTES >> 10)) KiB: moved to $(basename "$f").1"
+    done < <(find "$RD/logs" -maxdepth 1 -name '*.log' -size +"$((LOG_CAP_BYTES >> 10))"k 2>/dev/null)
+}
+
 gib() { awk -v b="$1" 'BEGIN { if (b >= 1073741824) printf "%.2f GiB", b / 1073741824; else printf "%.1f MiB", b / 1048576 }'; }
 
 # crash_loop I STATUS NOW: counts an early death by a signal; after
@@ -476,6 +490,7 @@ supervise() {
     write_state
     while ((!STOP_REQUESTED)); do
         await_exit
+        cap_logs
         now=$(now_ms)
         local changed=0
         for i in "${!P_NAME[@]}"; do

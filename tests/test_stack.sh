@@ -245,5 +245,25 @@ check "coordinator killed: pi2 status tells why the stack stopped" $?
 check "coordinator killed: pi2 down then leaves nothing" $?
 unset PI2_TASK_DELAY_US
 
+# ---- logs are capped: past PI2_LOG_CAP_KB a log moves to .log.1 and starts again ----
+new_run R
+PI2_LOG=debug PI2_LOG_CAP_KB=1 up "$R" "$TMP/two.conf" "$MODEL0"
+check "log cap stack: pi2 up with PI2_LOG_CAP_KB=1" $?
+RD=$("$PI2" rundir -r "$R")
+gen "$R" "Once upon a time" 8 --temp 0 >/dev/null
+ok=1 t0=$SECONDS
+while ((SECONDS - t0 < 12)); do # the supervisor looks every 5 s at most
+    if compgen -G "$RD/logs/*.log.1" >/dev/null && grep -q "KiB: moved to" "$RD/logs/supervisor.log"; then ok=0; break; fi
+    sleep 0.2
+done
+check "a log past its cap is moved to NAME.log.1, and the supervisor says so" $ok
+ok=0
+for f in "$RD"/logs/*.log.1; do
+    [ -e "$f" ] || continue
+    [ "$(stat -c %s "${f%.1}")" -lt "$(stat -c %s "$f")" ] || { ok=1; echo "$(basename "$f") is not the larger one"; }
+done
+check "... and the log itself starts again" $ok
+"$PI2" down -r "$R" >/dev/null 2>&1
+
 finish
 [ $fail -eq 0 ]
