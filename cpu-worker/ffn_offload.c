@@ -1,6 +1,7 @@
 /* The budgeted FFN step (ffn_offload.h). */
 #include "ffn_offload.h"
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@ struct ffn_offload {
     long compute_delay_us;       /* PI2_CHUNK_DELAY: a sleep after each batch of chunks, pins held (tests) */
     offload_tally stats;
     uint64_t landed_us;          /* computing chunks as their bundles landed, while waiting for a batch */
+    FILE *trace;                 /* PI2_BUNDLE_TRACE: the cold bundles each layer step looks up (tools/cache-sim) */
 };
 
 /* ---- set-up ---- */
@@ -64,6 +66,25 @@ static void reclaim_pins(ffn_offload *o, const char *name) {
         n++;
     }
     if (n) log_warn("%s: let go of %ld cold slots that the process before it held pinned when it stopped", name, n);
+}
+
+/* PI2_BUNDLE_TRACE=PREFIX: PREFIX.NAME gets, per layer step, the (layer, bundle) pairs of the cold bundles
+ * looked up, then (TRACE_STEP_END, 0); appended to, so a restarted worker goes on in the same file. */
+#define TRACE_STEP_END 0xffffffffu
+static void open_trace(ffn_offload *o, const char *name) {
+    const char *prefix = getenv("PI2_BUNDLE_TRACE");
+    if (!prefix || !*prefix) return;
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s.%s", prefix, name) >= (int)sizeof path || !(o->trace = fopen(path, "ab")))
+        log_warn("PI2_BUNDLE_TRACE: cannot write %s.%s; no trace", prefix, name);
+    else log_info("tracing cold bundle lookups to %s", path);
+}
+
+static void trace_step(ffn_offload *o, int l) {
+    const uint32_t hot = o->off->plan->hot_bundles[l];
+    for (int i = 0; i < o->n_touched; i++)
+        if (o->touched[i] >= hot) fwrite((uint32_t[2]){(uint32_t)l, o->touched[i]}, sizeof(uint32_t), 2, o->trace);
+    fwrite((uint32_t[2]){TRACE_STEP_END, 0}, sizeof(uint32_t), 2, o->trace);
 }
 
 ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index) {
@@ -128,6 +149,7 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
                          bundle_down_type(o->m), off->down_bytes};
     log_info("budgeted FFN: %.1f MiB hot, %u cold slots, misses read by the io-worker", o->off->hot_bytes / 1048576.0,
              o->off->cold_slots);
+    open_trace(o, name);
     return o;
 fail:
     ffn_offload_free(o);
@@ -140,6 +162,7 @@ void ffn_offload_free(ffn_offload *o) {
     bus_ctx_free(o->ctx);
     ncache_detach(o->cache);
     shm_detach(o->seg);
+    if (o->trace) fclose(o->trace);
     free(o->at); free(o->sel_idx); free(o->sel_gate); free(o->sel_n); free(o->bundle_at);
     free(o->touched); free(o->missing); free(o->ready); free(o->waiting);
     free(o);
@@ -404,6 +427,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
             else o->waiting[n_waiting++] = todo[i];
         }
         if (round == 0) o->stats.misses += (uint64_t)o->n_missing;
+        if (round == 0 && o->trace) trace_step(o, l);
         if (o->n_missing > 0 && send_load(o, l)) {
             snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
             release(o);
