@@ -1,6 +1,11 @@
 /* Clients (`pi2 run`): a GenerateRequest while idle becomes the pending
  * generation; while one runs, the newcomer gets Error STACK_BUSY at once
- * (no queue: a waiting client could not tell a long queue from a hang). */
+ * (no queue: a waiting client could not tell a long queue from a hang).
+ * No send to a client blocks the loop: the client socket's send timeout is
+ * 0, so a peer that does not read costs a dropped reply, not a stalled
+ * stack. Refusals are limited per peer (peer_limit.h); the generation's own
+ * messages wait their turn in the pump, and a client that left or whose
+ * queue stays full for COORD_CLIENT_STALL_MS loses its generation. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,30 +20,98 @@ void gen_request_clear(gen_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int send_to_client(coord *c, const uint8_t *peer, size_t peer_len, Pi2__Envelope *env) {
-    int rc = coord_send(c, c->client_sock, peer, peer_len, env);
-    if (rc != BUS_OK) {
-        log_warn("%s to client '%.*s': %s", msg_body_name(env->body_case), (int)peer_len, (const char *)peer,
-                 bus_status_str(rc));
-        return -1;
-    }
-    return 0;
+/* One non-blocking try (the client socket's send timeout is 0): BUS_OK,
+ * BUS_TIMEOUT when the peer's queue is full, BUS_ENOPEER when it left. */
+static int try_send(coord *c, const uint8_t *peer, size_t peer_len, Pi2__Envelope *env) {
+    return coord_send(c, c->client_sock, peer, peer_len, env);
 }
 
-int client_send_error(coord *c, const uint8_t *peer, size_t peer_len, Pi2__ErrorCode code, const char *fmt, ...) {
+/* The same, and a reply not sent is dropped and counted. */
+static int send_or_drop(coord *c, const uint8_t *peer, size_t peer_len, Pi2__Envelope *env) {
+    int rc = try_send(c, peer, peer_len, env);
+    if (rc != BUS_OK) c->replies_dropped++;
+    return rc;
+}
+
+static const char *why_unsent(int rc) {
+    return rc == BUS_TIMEOUT ? "its queue is full" : rc == BUS_ENOPEER ? "it has gone" : bus_status_str(rc);
+}
+
+/* Gives up on the running generation's client, once: the generation ends at its next step. */
+static void client_cancel(coord *c, const char *why) {
+    if (c->client_lost) return;
+    c->client_lost = true;
+    log_warn("session %llu: generation cancelled, client '%.*s': %s (%llu replies to clients dropped so far)",
+             (unsigned long long)c->session, (int)c->req.client_len, (const char *)c->req.client, why,
+             (unsigned long long)c->replies_dropped);
+}
+
+void client_check_stall(coord *c, int64_t now_ms) {
+    if (c->client_full_ms && now_ms - c->client_full_ms >= COORD_CLIENT_STALL_MS)
+        client_cancel(c, "it stopped reading (its queue stayed full)");
+}
+
+/* One try to the generation's client; a full queue starts its stall clock, a gone client is cancelled. */
+static int try_send_gen(coord *c, Pi2__Envelope *env) {
+    int rc = try_send(c, c->req.client, c->req.client_len, env);
+    if (rc == BUS_OK) c->client_full_ms = 0;
+    else if (rc == BUS_TIMEOUT && !c->client_full_ms) c->client_full_ms = clock_ms();
+    else if (rc != BUS_TIMEOUT) client_cancel(c, why_unsent(rc));
+    return rc;
+}
+
+/* To the generation's client, in order: while its queue is full the loop
+ * keeps pumping (beats, other peers) and retries, until it reads or
+ * client_check_stall gives up on it. Nothing was queued by a failed try
+ * (ROUTER_MANDATORY fails on the identity frame), so a retry never doubles. */
+static int send_gen(coord *c, Pi2__Envelope *env) {
+    while (!c->client_lost) {
+        int rc = try_send_gen(c, env);
+        if (rc == BUS_OK) return 0;
+        if (rc != BUS_TIMEOUT || *c->stop) break;
+        coord_pump(c, 5);
+    }
+    c->replies_dropped++;
+    return -1;
+}
+
+static void error_envelope(coord *c, Pi2__Envelope *env, Pi2__Error *e, Pi2__ErrorCode code, const char *text) {
+    pi2__error__init(e);
+    e->code = code;
+    e->message = (char *)text;
+    msg_envelope_init(env, 0, c->session);
+    env->body_case = PI2__ENVELOPE__BODY_ERROR;
+    env->error = e;
+}
+
+int client_send_error(coord *c, Pi2__ErrorCode code, const char *fmt, ...) {
     char text[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Pi2__Error e = PI2__ERROR__INIT;
-    e.code = code;
-    e.message = text;
+    Pi2__Error e;
     Pi2__Envelope env;
-    msg_envelope_init(&env, 0, c->session);
-    env.body_case = PI2__ENVELOPE__BODY_ERROR;
-    env.error = &e;
-    return send_to_client(c, peer, peer_len, &env);
+    error_envelope(c, &env, &e, code, text);
+    return send_gen(c, &env);
+}
+
+void client_refuse(coord *c, const struct bus_msg *bm, Pi2__ErrorCode code, const char *fmt, ...) {
+    uint64_t held;
+    if (!peer_limit_allow(&c->refusals, bm->peer, bm->peer_len, clock_ms(), &held)) return;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    Pi2__Error e;
+    Pi2__Envelope env;
+    error_envelope(c, &env, &e, code, text);
+    int rc = send_or_drop(c, bm->peer, bm->peer_len, &env);
+    char held_note[64] = "", drop_note[64] = "";
+    if (held) snprintf(held_note, sizeof held_note, " (and %llu more held back)", (unsigned long long)held);
+    if (rc) snprintf(drop_note, sizeof drop_note, "; Error dropped: %s", why_unsent(rc));
+    log_warn("client '%.*s' refused: %s%s%s", (int)bm->peer_len, (const char *)bm->peer, text, held_note, drop_note);
 }
 
 int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece, size_t len) {
@@ -51,7 +124,7 @@ int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece
     msg_envelope_init(&env, 0, c->session);
     env.body_case = PI2__ENVELOPE__BODY_TOKEN_PIECE;
     env.token_piece = &tp;
-    return send_to_client(c, c->req.client, c->req.client_len, &env);
+    return send_gen(c, &env);
 }
 
 void client_prompt_progress(coord *c) {
@@ -70,7 +143,7 @@ void client_prompt_progress(coord *c) {
     msg_envelope_init(&env, 0, c->session);
     env.body_case = PI2__ENVELOPE__BODY_PROMPT_PROGRESS;
     env.prompt_progress = &pp;
-    send_to_client(c, c->req.client, c->req.client_len, &env); /* a client that left is seen at its first piece */
+    if (try_send_gen(c, &env) != BUS_OK) c->replies_dropped++; /* a later progress says more */
 }
 
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
@@ -87,14 +160,14 @@ int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double p
     msg_envelope_init(&env, 0, c->session);
     env.body_case = PI2__ENVELOPE__BODY_GENERATE_DONE;
     env.generate_done = &d;
-    return send_to_client(c, c->req.client, c->req.client_len, &env);
+    return send_gen(c, &env);
 }
 
 static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__GenerateRequest *g) {
     gen_request *r = &c->req;
     memset(r, 0, sizeof *r);
     if (!(r->prompt = malloc(g->prompt.len + 1))) {
-        client_send_error(c, bm->peer, bm->peer_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
+        client_refuse(c, bm, PI2__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (g->prompt.len) memcpy(r->prompt, g->prompt.data, g->prompt.len);
@@ -117,14 +190,13 @@ static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__Genera
 
 void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) {
     if (env->body_case != PI2__ENVELOPE__BODY_GENERATE_REQUEST) {
-        client_send_error(c, bm->peer, bm->peer_len, PI2__ERROR_CODE__UNSUPPORTED, "the coordinator takes GenerateRequest only, not %s",
-                          msg_body_name(env->body_case));
+        client_refuse(c, bm, PI2__ERROR_CODE__UNSUPPORTED, "the coordinator takes GenerateRequest only, not %s",
+                      msg_body_name(env->body_case));
         return;
     }
     if (c->busy || c->req.pending) {
-        log_info("client '%.*s' refused: a generation is running", (int)bm->peer_len, (const char *)bm->peer);
-        client_send_error(c, bm->peer, bm->peer_len, PI2__ERROR_CODE__STACK_BUSY,
-                          "the stack is serving another generation; try again when it is done");
+        client_refuse(c, bm, PI2__ERROR_CODE__STACK_BUSY,
+                      "the stack is serving another generation; try again when it is done");
         return;
     }
     accept_request(c, bm, env->generate_request);

@@ -4,7 +4,9 @@
  * One generation runs at a time; a client arriving meanwhile gets
  * Error STACK_BUSY. The process is single-threaded: every wait goes through
  * coord_pump, which serves both sockets, beats the ctl row and checks that
- * the workers are alive. */
+ * the workers are alive. Nothing sent to a client waits: a reply that does
+ * not fit the client's queue is dropped, and the generation of a client that
+ * left or stopped reading is cancelled (clients.c). */
 #ifndef PI2_COORD_H
 #define PI2_COORD_H
 
@@ -12,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "stack/peer_limit.h"
 #include "stack/bus.h"
 #include "engine/model.h"
 #include "stack/msg.h"
@@ -25,6 +28,8 @@
 #define COORD_ALIVE_CHECK_MS 20   /* how often the pump re-checks worker liveness */
 #define COORD_MAX_RETRIES 8       /* re-sends of one step before the generation fails */
 #define COORD_PROMPT_PROGRESS_MS 250 /* PromptProgress to the client at most this often while the prompt runs */
+#define COORD_CLIENT_STALL_MS 500 /* the generation's client queue full this long: it stopped reading */
+#define COORD_CLIENT_LOST (-2)    /* a step's or the decode's result: the client left or stopped reading */
 
 typedef struct {
     const char *model_path, *runid;
@@ -110,6 +115,11 @@ typedef struct {
     prompt_state prompt;
     gen_request req;
     bool busy;
+    bool client_lost;         /* the running generation's client left or stopped reading: cancel it */
+    int64_t client_full_ms;   /* since when its queue has been full (0: it is not) */
+    uint64_t replies_dropped; /* to any client, because its queue was full or it had left */
+    peer_limit refusals;      /* per client: Errors for its bad requests, with their WARN lines */
+    peer_limit drop_notes;    /* per peer: WARN lines about what we dropped without an answer */
     int64_t next_beat_ms, alive_checked_ms;
     const volatile sig_atomic_t *stop;
 } coord;
@@ -137,23 +147,31 @@ void worker_lost(worker *w, const char *why);
 
 /* clients.c */
 void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env);
-/* Answers to the client of the running generation; -1 when it is gone. */
-int client_send_error(coord *c, const uint8_t *peer, size_t peer_len, Pi2__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+/* Refuses a client's message: an Error and a WARN line, both at most one a
+ * second per peer (the line counts what was held back meanwhile). */
+void client_refuse(coord *c, const struct bus_msg *bm, Pi2__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* To the client of the running generation. They wait (pumping) while its
+ * queue is full, until it reads or is given up on; 0, or -1 once c->client_lost. */
+int client_send_error(coord *c, Pi2__ErrorCode code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int client_send_piece(coord *c, uint32_t index, int32_t token, const char *piece, size_t len);
-/* PromptProgress to the client of the running generation, unless one went
- * out less than COORD_PROMPT_PROGRESS_MS ago; called from the pump. */
-void client_prompt_progress(coord *c);
 /* offload: the generation's neuron-cache counts under a budget, else NULL. */
 int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double prompt_ms, double decode_ms,
                      Pi2__GenerateStatus status, const offload_tally *offload);
+/* PromptProgress to the client of the running generation, unless one went
+ * out less than COORD_PROMPT_PROGRESS_MS ago (dropped if its queue is full);
+ * called from the pump. */
+void client_prompt_progress(coord *c);
+/* Called from the pump: gives up on a client whose queue stayed full for COORD_CLIENT_STALL_MS. */
+void client_check_stall(coord *c, int64_t now_ms);
 void gen_request_clear(gen_request *r);
 
 /* steps.c: one step of the schedule, re-sent after worker faults until it completes.
- * Return 0, or the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL). */
+ * Return 0, the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL),
+ * or COORD_CLIENT_LOST (the workers' part of the step is then aborted). */
 int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mode);
 /* Prefill tokens[0..n) at positions [pos0, pos0 + n) on the npu-worker (n <= max_prefill).
- * Returns 0, an ErrorCode, or -1 when the npu-worker did not come back (prefill otherwise). */
+ * Returns 0, an ErrorCode, COORD_CLIENT_LOST, or -1 when the npu-worker did not come back (prefill otherwise). */
 int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0);
 /* Aborts whatever the workers still do for the current epoch. */
 void coord_new_epoch(coord *c);

@@ -1,7 +1,9 @@
 /* The coordinator's sockets and its event pump: every received frame is
  * unpacked and validated before a handler sees it; garbage is dropped with a
- * WARN. The pump also beats our ctl row and re-checks worker liveness, so any
- * wait built on it keeps the stack's bookkeeping going. */
+ * WARN, at most one a second per peer. The pump also beats our ctl row and
+ * re-checks worker liveness, so any wait built on it keeps the stack's
+ * bookkeeping going. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "util/clock.h"
@@ -9,13 +11,13 @@
 #include "util/log.h"
 #include "stack/rundir.h"
 
-static bus_socket *bind_router(coord *c, const char *dir, const char *kind) {
+static bus_socket *bind_router(coord *c, const char *dir, const char *kind, const struct bus_opts *opts) {
     char ep[BUS_ENDPOINT_MAX];
     if (bus_endpoint_ipc(ep, sizeof ep, dir, kind, 0)) {
         log_error("%s", bus_last_error());
         return NULL;
     }
-    bus_socket *s = bus_bind(c->bus, BUS_ROUTER, ep, NULL);
+    bus_socket *s = bus_bind(c->bus, BUS_ROUTER, ep, opts);
     if (!s) log_error("binding %s: %s", ep, bus_last_error());
     return s;
 }
@@ -30,7 +32,13 @@ int coord_open_bus(coord *c) {
         log_error("ZeroMQ: %s", bus_last_error());
         return -1;
     }
-    if (!(c->workers_sock = bind_router(c, dir, "coordinator")) || !(c->client_sock = bind_router(c, dir, "client")))
+    /* Workers are our own processes and read from a thread of their own: the
+     * default 1 s send timeout only covers a burst. A client may stop reading
+     * at any time, so nothing sent to one may wait (clients.c). */
+    struct bus_opts client_opts = bus_default_opts();
+    client_opts.send_timeout_ms = 0;
+    if (!(c->workers_sock = bind_router(c, dir, "coordinator", NULL)) ||
+        !(c->client_sock = bind_router(c, dir, "client", &client_opts)))
         return -1;
     return 0;
 }
@@ -60,12 +68,20 @@ int coord_send(coord *c, bus_socket *s, const void *peer, size_t peer_len, Pi2__
     return rc;
 }
 
+/* A bad message from s's peer: dropped; a client waits for an answer, a
+ * worker's bad message only costs it a re-send. Both limited per peer. */
+static void drop_bad(coord *c, bus_socket *s, const struct bus_msg *bm, Pi2__ErrorCode code, const char *why) {
+    if (s == c->client_sock) client_refuse(c, bm, code, "%s", why);
+    else peer_limit_warn(&c->drop_notes, bm->peer, bm->peer_len, "dropped a message from worker '%.*s': %s", (int)bm->peer_len,
+                         (const char *)bm->peer, why);
+}
+
 /* One frame from socket s: decoded, validated, handed to its handler. */
 static void handle_frame(coord *c, bus_socket *s, const struct bus_msg *bm) {
-    const char *from = s == c->workers_sock ? "worker" : "client";
     char err[256];
     if (bm->type != PI2_BUS_MSG) {
-        log_warn("dropped a frame of type %u from %s '%.*s'", bm->type, from, (int)bm->peer_len, (const char *)bm->peer);
+        snprintf(err, sizeof err, "a frame of type %u", bm->type);
+        drop_bad(c, s, bm, PI2__ERROR_CODE__MALFORMED, err);
         return;
     }
     Pi2__Envelope *env = msg_unpack(bm->data, bm->len, err, sizeof err);
@@ -74,9 +90,7 @@ static void handle_frame(coord *c, bus_socket *s, const struct bus_msg *bm) {
         env = NULL;
     }
     if (!env) {
-        log_warn("dropped a message from %s '%.*s': %s", from, (int)bm->peer_len, (const char *)bm->peer, err);
-        /* A client waits for an answer; a worker's bad message only costs it a re-send. */
-        if (s == c->client_sock) client_send_error(c, bm->peer, bm->peer_len, PI2__ERROR_CODE__INVALID, "%s", err);
+        drop_bad(c, s, bm, PI2__ERROR_CODE__INVALID, err);
         return;
     }
     if (s == c->workers_sock) workers_on_message(c, bm, env);
@@ -84,15 +98,19 @@ static void handle_frame(coord *c, bus_socket *s, const struct bus_msg *bm) {
     msg_free(env);
 }
 
-/* Handles every message already queued on s. */
+/* Handles the messages already queued on s, at most DRAIN_MAX: a peer that
+ * sends without pause must not keep the pump from beating; the rest wait
+ * for the next pump, which finds s readable at once. */
+#define DRAIN_MAX 512
 static void drain(coord *c, bus_socket *s) {
     struct bus_msg bm;
-    for (;;) {
+    for (int n = 0; n < DRAIN_MAX; n++) {
         int rc = bus_recv(s, &bm, 0);
         if (rc == BUS_OK) handle_frame(c, s, &bm);
-        else if (rc == BUS_EPROTO || rc == BUS_ETOOBIG)
-            log_warn("dropped a malformed frame on the %s socket: %s", s == c->workers_sock ? "workers'" : "clients'",
-                     bus_status_str(rc));
+        else if (rc == BUS_EPROTO || rc == BUS_ETOOBIG) /* bm.peer: the sender, when its identity was read */
+            peer_limit_warn(&c->drop_notes, bm.peer, bm.peer_len, "dropped a malformed frame from '%.*s' on the %s socket: %s",
+                            (int)bm.peer_len, (const char *)bm.peer, s == c->workers_sock ? "workers'" : "clients'",
+                            bus_status_str(rc));
         else break;
     }
 }
@@ -114,7 +132,10 @@ void coord_pump(coord *c, int timeout_ms) {
     if (now >= c->next_beat_ms) {
         ctl_proc_beat(c->sv.row, c->busy ? PROC_BUSY : PROC_READY);
         c->next_beat_ms = now + COORD_BEAT_MS;
+        peer_limit_report(&c->refusals, "refusals of client", now);
+        peer_limit_report(&c->drop_notes, "dropped messages from", now);
     }
     workers_check_alive(c, now);
+    client_check_stall(c, now);
     if (c->prompt.active) client_prompt_progress(c);
 }

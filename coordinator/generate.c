@@ -24,7 +24,7 @@ static int prefill_steps(coord *c, const int32_t *tokens, int n) {
             c->prompt.chunk_n = chunk;
             int rc = step_prefill_npu(c, tokens + pos, chunk, pos);
             c->prompt.chunk_n = 0;
-            if (rc < 0) {
+            if (rc == -1) {
                 log_warn("the npu-worker did not come back: prefilling the rest with decode tasks");
                 use_npu = false;
                 continue;
@@ -96,12 +96,12 @@ static int tokenize(coord *c, int32_t *tokens) {
     int n_ctx = c->params.n_ctx;
     int n = tokenizer_encode(c->tok, c->req.prompt, tokenizer_adds_bos(c->tok), tokens, n_ctx);
     if (n < 0) {
-        client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__PROMPT_TOO_LONG,
+        client_send_error(c, PI2__ERROR_CODE__PROMPT_TOO_LONG,
                           "the prompt needs more than the stack's context of %d tokens (pi2 up -c N)", n_ctx);
         return 0;
     }
     if (n == 0) {
-        client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__INVALID,
+        client_send_error(c, PI2__ERROR_CODE__INVALID,
                           "the prompt is empty and the model adds no BOS: nothing to continue from");
         return 0;
     }
@@ -124,8 +124,7 @@ static int request_mode(coord *c, ffn_mode *mode) {
     else if (!why && *mode == FFN_PREDICTOR && stack != FFN_PREDICTOR)
         why = "the stack was started without a predictor (pi2 up --ffn predictor [--predictor FILE])";
     if (!why) return 0;
-    client_send_error(c, c->req.client, c->req.client_len, PI2__ERROR_CODE__INVALID, "ffn mode %s: %s",
-                      ffn_mode_name(*mode), why);
+    client_send_error(c, PI2__ERROR_CODE__INVALID, "ffn mode %s: %s", ffn_mode_name(*mode), why);
     return -1;
 }
 
@@ -177,7 +176,7 @@ void generate_serve(coord *c) {
              r->ignore_eos ? ", ignore eos" : "");
     int32_t *tokens = bad_mode ? NULL : malloc(sizeof(int32_t) * (size_t)c->params.n_ctx);
     int n_prompt = tokens ? tokenize(c, tokens) : 0;
-    if (!tokens && !bad_mode) client_send_error(c, r->client, r->client_len, PI2__ERROR_CODE__INTERNAL, "out of memory");
+    if (!tokens && !bad_mode) client_send_error(c, PI2__ERROR_CODE__INTERNAL, "out of memory");
     if (n_prompt > 0) {
         double t0 = clock_seconds() * 1e3;
         decode_result res = {0, PI2__GENERATE_STATUS__GS_UNSPECIFIED, false};
@@ -187,13 +186,14 @@ void generate_serve(coord *c) {
         double t1 = clock_seconds() * 1e3;
         if (!rc) rc = decode(c, n_prompt, mode, &res);
         double t2 = clock_seconds() * 1e3;
-        if (rc) {
+        if (rc == COORD_CLIENT_LOST || res.client_gone) {
+            log_info("session %llu: ended without its client after %d tokens", (unsigned long long)c->session,
+                     res.n_gen);
+        } else if (rc) {
             char why[sizeof c->step.error + 64];
             error_text(c, rc, why, sizeof why);
             log_error("session %llu: %s", (unsigned long long)c->session, why);
-            client_send_error(c, r->client, r->client_len, rc, "%s", why);
-        } else if (res.client_gone) {
-            log_warn("session %llu: the client left after %d tokens", (unsigned long long)c->session, res.n_gen);
+            client_send_error(c, rc, "%s", why);
         } else {
             const offload_tally gen = offload_since(c, start);
             client_send_done(c, (uint32_t)n_prompt, (uint32_t)res.n_gen, t1 - t0, t2 - t1, res.status,
@@ -206,5 +206,7 @@ void generate_serve(coord *c) {
     free(tokens);
     gen_request_clear(r);
     c->busy = false;
+    c->client_lost = false; /* the next client starts afresh */
+    c->client_full_ms = 0;
     ctl_proc_beat(c->sv.row, PROC_READY);
 }

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         if (c.req.pending && !proc_stop) generate_serve(&c);
     }
     if (c.req.pending)
-        client_send_error(&c, c.req.client, c.req.client_len, PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
+        client_send_error(&c, PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
     gen_request_clear(&c.req);
     log_info("stopping");
     rc = 0;

@@ -36,17 +36,17 @@ static bool step_complete(const coord *c) {
     return true;
 }
 
-/* Pumps until ready(c), the stop flag, or timeout_ms. */
+/* Pumps until ready(c), the stop flag, a lost client, or timeout_ms. */
 static int wait_until(coord *c, bool (*ready)(const coord *), int timeout_ms) {
     int64_t deadline = clock_ms() + timeout_ms;
     while (!ready(c)) {
-        if (*c->stop || clock_ms() > deadline) return -1;
+        if (*c->stop || c->client_lost || clock_ms() > deadline) return -1;
         coord_pump(c, PUMP_MS);
     }
     return 0;
 }
 
-enum { AWAIT_DONE, AWAIT_RETRY, AWAIT_STOP, AWAIT_ERROR };
+enum { AWAIT_DONE, AWAIT_RETRY, AWAIT_STOP, AWAIT_ERROR, AWAIT_CANCEL };
 
 /* Waits for the step just sent; faults_before: step_faults() when it was sent. */
 static int await_step(coord *c, uint64_t faults_before) {
@@ -54,6 +54,7 @@ static int await_step(coord *c, uint64_t faults_before) {
     for (;;) {
         if (step_complete(c)) return AWAIT_DONE;
         if (*c->stop) return AWAIT_STOP;
+        if (c->client_lost) return AWAIT_CANCEL; /* nobody waits for this step any more */
         if (s->error[0]) return AWAIT_ERROR; /* re-sending cannot help */
         if (s->failed) return AWAIT_RETRY;
         if (step_faults(c) != faults_before) return AWAIT_RETRY;
@@ -127,7 +128,7 @@ static int prepare_send(coord *c, bool on_npu) {
     if (!ready) {
         log_info("waiting for the %s to (re-)register", on_npu ? "npu-worker" : "cpu-workers");
         if (wait_until(c, on_npu ? npu_ready : cpu_workers_ready, on_npu ? c->opt.npu_wait_ms : c->opt.worker_wait_ms))
-            return *c->stop ? PI2__ERROR_CODE__SHUTTING_DOWN : -1;
+            return *c->stop ? PI2__ERROR_CODE__SHUTTING_DOWN : c->client_lost ? COORD_CLIENT_LOST : -1;
         log_info("%s back: re-sending the step", on_npu ? "npu-worker" : "cpu-workers");
     }
     if (coord_faults(c) != c->faults_at_epoch) coord_new_epoch(c);
@@ -142,8 +143,9 @@ static int run_step(coord *c, bool on_npu, int n_tasks, int (*send)(coord *, con
             coord_new_epoch(c);
             return PI2__ERROR_CODE__INTERNAL;
         }
+        if (c->client_lost) return COORD_CLIENT_LOST;
         int rc = prepare_send(c, on_npu);
-        if (rc) return rc < 0 && !on_npu ? PI2__ERROR_CODE__WORKER_LOST : rc;
+        if (rc) return rc == -1 && !on_npu ? PI2__ERROR_CODE__WORKER_LOST : rc;
         step_begin(c, on_npu, n_tasks);
         uint64_t faults = step_faults(c);
         int st = send(c, arg) ? AWAIT_RETRY : await_step(c, faults);
@@ -152,6 +154,7 @@ static int run_step(coord *c, bool on_npu, int n_tasks, int (*send)(coord *, con
         coord_new_epoch(c); /* surviving workers leave their barriers and drop the rest of the step */
         if (st == AWAIT_STOP) return PI2__ERROR_CODE__SHUTTING_DOWN;
         if (st == AWAIT_ERROR) return PI2__ERROR_CODE__STORAGE;
+        if (st == AWAIT_CANCEL) return COORD_CLIENT_LOST;
         log_warn("%s step aborted (epoch now %u): it will be re-sent from layer 0", on_npu ? "prefill" : "decode",
                  c->epoch);
     }

@@ -197,8 +197,8 @@ static void on_prefill_progress(coord *c, const Pi2__PrefillProgress *p) {
 void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) {
     worker *w = worker_by_identity(c, bm->peer, bm->peer_len);
     if (!w) {
-        log_warn("dropped %s from unknown peer '%.*s'", msg_body_name(env->body_case), (int)bm->peer_len,
-                 (const char *)bm->peer);
+        peer_limit_warn(&c->drop_notes, bm->peer, bm->peer_len, "dropped %s from unknown peer '%.*s'",
+                        msg_body_name(env->body_case), (int)bm->peer_len, (const char *)bm->peer);
         return;
     }
     bus_peers_seen(&c->peers, bm->peer, bm->peer_len, clock_ms());

@@ -12,6 +12,7 @@
 #include "stack/bus.h"
 #include "stack/msg.h"
 #include "stack/offload.h"
+#include "stack/peer_limit.h"
 #include "stack/proc_stop.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
@@ -23,6 +24,7 @@ typedef struct {
     uring_reader *reader;
     bus_socket *sock;
     uint64_t seq;              /* of the Envelopes we send */
+    peer_limit drops;          /* per peer: what we drop or refuse, a line (and an Error) a second at most */
     int64_t delay_us;          /* PI2_IO_DELAY_US: fault-injection aid, a pause before each batch */
 
     shm_segment *weights;      /* NULL until attached */
@@ -73,7 +75,7 @@ void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope 
 void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env);
 
 /* Handles one received message: an IoReadBatch is read and answered with IoComplete;
- * anything else is dropped with a WARN. */
+ * anything else is dropped with a WARN (one a second per peer: w->drops). */
 void iow_serve(io_worker *w, const struct bus_msg *m);
 
 #endif

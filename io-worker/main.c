@@ -10,6 +10,7 @@
 
 #include "io_worker.h"
 #include "util/cli.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "stack/msg.h"
 #include "stack/rundir.h"
@@ -86,7 +87,7 @@ static int serve_messages(io_worker *w) {
         struct bus_msg m;
         const int rc = bus_recv(w->sock, &m, 0);
         if (rc == BUS_OK) iow_serve(w, &m);
-        else if (rc == BUS_EPROTO) log_warn("dropped a malformed frame: %s", bus_last_error());
+        else if (rc == BUS_EPROTO) peer_limit_warn(&w->drops, m.peer, m.peer_len, "dropped a malformed frame: %s", bus_last_error());
         else if (rc == BUS_ERR) { log_error("receive: %s", bus_last_error()); return -1; }
         else break;
     }
@@ -109,6 +110,7 @@ static int serve(io_worker *w) {
             if (bus_poll(socks, 1, 100, &ready) == BUS_ERR) { log_error("poll: %s", bus_last_error()); return 1; }
         }
         if (serve_messages(w)) return 1;
+        peer_limit_report(&w->drops, "messages from", clock_ms());
         w->state = w->budgeted && bundle_loader_busy(&w->loader) > 0 ? PROC_BUSY : PROC_READY;
     }
     log_info("stopping");

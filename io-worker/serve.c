@@ -10,18 +10,23 @@
 #include "util/log.h"
 #include "stack/msg.h"
 
-void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) {
+/* wait: a reply its peer waits for; else an Error that is dropped rather than wait for a peer that does not read */
+static void reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env, bool wait) {
     size_t len;
     uint8_t *bytes = msg_pack_alloc(env, &len);
     if (!bytes) {
         log_error("cannot pack the %s reply", msg_body_name(env->body_case));
         return;
     }
-    int rc = bus_send_to(w->sock, m->peer, m->peer_len, PI2_BUS_MSG, bytes, len);
+    int rc = wait ? bus_send_to(w->sock, m->peer, m->peer_len, PI2_BUS_MSG, bytes, len)
+                  : bus_try_send_to(w->sock, m->peer, m->peer_len, PI2_BUS_MSG, bytes, len);
     if (rc != BUS_OK)
-        log_warn("reply to '%.*s' not sent: %s", (int)m->peer_len, (const char *)m->peer, bus_status_str(rc));
+        peer_limit_warn(&w->drops, m->peer, m->peer_len, "reply to '%.*s' not sent: %s", (int)m->peer_len,
+                      (const char *)m->peer, bus_status_str(rc));
     free(bytes);
 }
+
+void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) { reply(w, m, env, true); }
 
 static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, Pi2__ErrorCode code,
                         const char *text) {
@@ -33,7 +38,7 @@ static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelo
     e.ref_seq = req->seq;
     env.body_case = PI2__ENVELOPE__BODY_ERROR;
     env.error = &e;
-    iow_reply(w, m, &env);
+    reply(w, m, &env, false);
 }
 
 /* Lets a test kill the io-worker while a batch is in its hands; beats meanwhile. */
@@ -102,18 +107,18 @@ void iow_serve(io_worker *w, const struct bus_msg *m) {
     int peer_len = (int)m->peer_len;
     const char *peer = (const char *)m->peer;
     if (m->type != PI2_BUS_MSG) {
-        log_warn("dropped a message of type %u from '%.*s'", m->type, peer_len, peer);
+        peer_limit_warn(&w->drops, m->peer, m->peer_len, "dropped a message of type %u from '%.*s'", m->type, peer_len, peer);
         return;
     }
     char err[512];
     Pi2__Envelope *env = msg_unpack(m->data, m->len, err, sizeof err);
     if (!env) {
-        log_warn("dropped a message from '%.*s': %s", peer_len, peer, err);
+        peer_limit_warn(&w->drops, m->peer, m->peer_len, "dropped a message from '%.*s': %s", peer_len, peer, err);
         return;
     }
     if (env->body_case != PI2__ENVELOPE__BODY_IO_READ_BATCH && env->body_case != PI2__ENVELOPE__BODY_BUNDLE_LOAD) {
-        log_warn("dropped a %s from '%.*s': the io-worker serves IoReadBatch and BundleLoad",
-                 msg_body_name(env->body_case), peer_len, peer);
+        peer_limit_warn(&w->drops, m->peer, m->peer_len, "dropped a %s from '%.*s': the io-worker serves IoReadBatch and BundleLoad",
+                      msg_body_name(env->body_case), peer_len, peer);
         msg_free(env);
         return;
     }
@@ -128,7 +133,8 @@ void iow_serve(io_worker *w, const struct bus_msg *m) {
         lim.hot_region_size = w->hot_bytes;
     }
     if (msg_validate(env, &lim, err, sizeof err)) {
-        log_warn("refused a %s from '%.*s': %s", msg_body_name(env->body_case), peer_len, peer, err);
+        peer_limit_warn(&w->drops, m->peer, m->peer_len, "refused a %s from '%.*s': %s", msg_body_name(env->body_case), peer_len,
+                      peer, err);
         reply_error(w, m, env, PI2__ERROR_CODE__INVALID, err);
     } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOAD) {
         iow_bundle_load(w, m, env);

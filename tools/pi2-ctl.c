@@ -29,8 +29,9 @@ static void usage(FILE *f) {
             "usage: pi2-ctl [-r RUNID] COMMAND [--timeout S]\n"
             "Commands:\n"
             "  status      processes of the run (pid, state, heartbeat age, tokens, restarts, RSS,\n"
-            "              CPU affinity), weights_ready, under a memory budget each cpu-worker's\n"
-            "              neuron cache (hit rates, reads, I/O wait, FFN time per layer), the segments\n"
+            "              CPU affinity; \"stalled\": ready or busy, no beat for 1 s), weights_ready,\n"
+            "              under a memory budget each cpu-worker's neuron cache (hit rates, reads,\n"
+            "              I/O wait, FFN time per layer), the segments\n"
             "  cleanup     remove the run's shared-memory segments and run directory\n"
             "  wait-ready  wait until the weights are loaded (exit 1 after --timeout S, default 120)\n"
             "  -r, --run RUNID   run id (default: $PI2_RUN, else \"default\")\n"
@@ -103,9 +104,22 @@ static long rss_kb(pid_t pid) {
     return kb;
 }
 
+/* Every process beats at least every 200 ms (compute workers from a thread
+ * of their own): a ready or busy one silent this long is stuck. */
+#define STALL_MS 1000
+
+/* What the state column shows: a live ready/busy process whose beat is too old is "stalled". */
+static const char *shown_state(const proc_row *r, bool alive, int64_t age_ms) {
+    if (!alive) return "dead";
+    uint32_t st = atomic_load(&r->state);
+    if ((st == PROC_READY || st == PROC_BUSY) && age_ms > STALL_MS) return "stalled";
+    return state_name(st);
+}
+
 static void print_process(const proc_row *r, int64_t now_ms) {
     pid_t pid = atomic_load(&r->pid);
     bool alive = pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+    int64_t age = now_ms - atomic_load(&r->heartbeat_ms);
     char cpus[256] = "-", rss[32] = "-";
     if (alive) {
         affinity_list(pid, cpus, sizeof cpus);
@@ -114,7 +128,7 @@ static void print_process(const proc_row *r, int64_t now_ms) {
     }
     uint32_t starts = atomic_load(&r->starts);
     printf("%-16.*s %8d %-9s %10lld %10llu %8u %10s  %s\n", (int)sizeof r->name, r->name, (int)pid,
-           alive ? state_name(atomic_load(&r->state)) : "dead", (long long)(now_ms - atomic_load(&r->heartbeat_ms)),
+           shown_state(r, alive, age), (long long)age,
            (unsigned long long)atomic_load(&r->tokens_served), starts ? starts - 1 : 0, rss, cpus);
 }
 

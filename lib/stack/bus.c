@@ -298,8 +298,10 @@ int bus_send(bus_socket *s, uint32_t type, const void *data, size_t len) {
     return rc ? rc : send_tagged(s, true, type, data, len);
 }
 
-int bus_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type, const void *data,
-                size_t len) {
+/* first_flags: ZMQ_DONTWAIT makes a full queue fail at once; it is the
+ * identity frame that meets it, so nothing of the message is queued. */
+static int send_to(bus_socket *s, int first_flags, const void *peer, size_t peer_len, uint32_t type, const void *data,
+                   size_t len) {
     if (s->pattern != BUS_ROUTER) {
         set_err("bus_send_to: needs a ROUTER socket");
         return BUS_ERR;
@@ -310,9 +312,17 @@ int bus_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type,
     }
     int rc = check_payload_len(s, len);
     if (rc) return rc;
-    rc = send_frame(s->zs, peer, peer_len, ZMQ_SNDMORE, true);
+    rc = send_frame(s->zs, peer, peer_len, ZMQ_SNDMORE | first_flags, true);
     if (rc) return rc;
     return send_tagged(s, false, type, data, len);
+}
+
+int bus_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type, const void *data, size_t len) {
+    return send_to(s, 0, peer, peer_len, type, data, len);
+}
+
+int bus_try_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type, const void *data, size_t len) {
+    return send_to(s, ZMQ_DONTWAIT, peer, peer_len, type, data, len);
 }
 
 static bool more_frames(void *zs) {

@@ -84,6 +84,9 @@ int bus_send(bus_socket *s, uint32_t type, const void *data, size_t len);
 /* ROUTER: to the peer whose identity is peer[0..peer_len). */
 int bus_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type, const void *data,
                 size_t len);
+/* The same, never waiting: BUS_TIMEOUT at once when the peer's queue is full
+ * (nothing of the message queued), for answers to peers that may not read. */
+int bus_try_send_to(bus_socket *s, const void *peer, size_t peer_len, uint32_t type, const void *data, size_t len);
 /* timeout_ms: -1 waits forever, 0 polls. Returns BUS_OK or a status < 0. */
 int bus_recv(bus_socket *s, struct bus_msg *m, int timeout_ms);
 
