@@ -1,6 +1,5 @@
 /* Clients (`pi2 run`): a GenerateRequest while idle becomes the pending
- * generation; while one runs, the newcomer gets Error STACK_BUSY at once
- * (no queue: a waiting client could not tell a long queue from a hang).
+ * generation; while one runs, the newcomer waits its turn (queue.c).
  * No send to a client blocks the loop: the client socket's send timeout is
  * 0, so a peer that does not read costs a dropped reply, not a stalled
  * stack. Refusals are limited per peer (peer_limit.h); the generation's own
@@ -163,13 +162,9 @@ int client_send_done(coord *c, uint32_t n_prompt, uint32_t n_generated, double p
     return send_gen(c, &env);
 }
 
-static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__GenerateRequest *g) {
-    gen_request *r = &c->req;
+int gen_request_fill(gen_request *r, const struct bus_msg *bm, const Pi2__GenerateRequest *g) {
     memset(r, 0, sizeof *r);
-    if (!(r->prompt = malloc(g->prompt.len + 1))) {
-        client_refuse(c, bm, PI2__ERROR_CODE__INTERNAL, "out of memory");
-        return;
-    }
+    if (!(r->prompt = malloc(g->prompt.len + 1))) return -1;
     if (g->prompt.len) memcpy(r->prompt, g->prompt.data, g->prompt.len);
     r->prompt[g->prompt.len] = 0; /* validated: no NUL inside */
     memcpy(r->client, bm->peer, bm->peer_len);
@@ -177,6 +172,7 @@ static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__Genera
     r->n_predict = g->n_predict;
     r->ignore_eos = g->ignore_eos;
     r->ffn_mode = g->ffn_mode;
+    r->max_wait_ms = g->max_wait_ms;
     if (g->sampling) {
         r->temp = g->sampling->temperature;
         r->top_k = g->sampling->top_k;
@@ -185,7 +181,7 @@ static void accept_request(coord *c, const struct bus_msg *bm, const Pi2__Genera
     } else {
         r->temp = 0, r->top_k = 0, r->top_p = 1; /* greedy */
     }
-    r->pending = true;
+    return 0;
 }
 
 void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) {
@@ -195,9 +191,13 @@ void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) 
         return;
     }
     if (c->busy || c->req.pending) {
-        client_refuse(c, bm, PI2__ERROR_CODE__STACK_BUSY,
-                      "the stack is serving another generation; try again when it is done");
+        queue_offer(c, bm, env->generate_request);
         return;
     }
-    accept_request(c, bm, env->generate_request);
+    if (gen_request_fill(&c->req, bm, env->generate_request)) {
+        gen_request_clear(&c->req);
+        client_refuse(c, bm, PI2__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    c->req.pending = true;
 }

@@ -1,8 +1,8 @@
 /* The coordinator of a pi2 stack (docs/stack.md): it owns the tokenizer, the
  * sampler and the schedule. Workers (DEALERs "cpu-worker.<i>", "npu-worker")
  * reach it on ROUTER "coordinator", clients (`pi2 run`) on ROUTER "client".
- * One generation runs at a time; a client arriving meanwhile gets
- * Error STACK_BUSY. The process is single-threaded: every wait goes through
+ * One generation runs at a time; a client arriving meanwhile waits its turn
+ * in a bounded queue, told how many are ahead (queue.c). The process is single-threaded: every wait goes through
  * coord_pump, which serves both sockets, beats the ctl row and checks that
  * the workers are alive. Nothing sent to a client waits: a reply that does
  * not fit the client's queue is dropped, and the generation of a client that
@@ -30,6 +30,8 @@
 #define COORD_PROMPT_PROGRESS_MS 250 /* PromptProgress to the client at most this often while the prompt runs */
 #define COORD_CLIENT_STALL_MS 500 /* the generation's client queue full this long: it stopped reading */
 #define COORD_CLIENT_LOST (-2)    /* a step's or the decode's result: the client left or stopped reading */
+#define COORD_QUEUE_MAX 16        /* generations waiting their turn; one more is refused STACK_BUSY */
+#define COORD_QUEUE_TELL_MS 1000  /* GenerateQueued to each waiting client this often */
 
 typedef struct {
     const char *model_path, *runid;
@@ -88,6 +90,8 @@ typedef struct {
     uint64_t seed;
     bool ignore_eos;
     Pi2__FfnMode ffn_mode;  /* the request's (unspecified: the stack's) */
+    uint32_t max_wait_ms;   /* how long it may wait its turn (0: not at all) */
+    int64_t queued_ms, told_ms; /* waiting: since when, and when it was last told so */
 } gen_request;
 
 typedef struct {
@@ -114,6 +118,8 @@ typedef struct {
     step_state step;
     prompt_state prompt;
     gen_request req;
+    gen_request waiting[COORD_QUEUE_MAX]; /* in arrival order */
+    int n_waiting;
     bool busy;
     bool client_lost;         /* the running generation's client left or stopped reading: cancel it */
     int64_t client_full_ms;   /* since when its queue has been full (0: it is not) */
@@ -165,6 +171,18 @@ void client_prompt_progress(coord *c);
 /* Called from the pump: gives up on a client whose queue stayed full for COORD_CLIENT_STALL_MS. */
 void client_check_stall(coord *c, int64_t now_ms);
 void gen_request_clear(gen_request *r);
+/* The request's fields copied out of its message (the prompt malloc'ed); -1 when out of memory. */
+int gen_request_fill(gen_request *r, const struct bus_msg *bm, const Pi2__GenerateRequest *g);
+
+/* queue.c: generations waiting their turn. queue_offer takes a GenerateRequest that arrived while one
+ * runs (refused STACK_BUSY if it may not wait, the queue is full, or its client already has one);
+ * queue_tick, from the pump, tells each waiting client how many are ahead and gives up on those past
+ * their wait or gone; queue_next makes the first the pending generation (false: none waits);
+ * queue_close answers every waiting client SHUTTING_DOWN. */
+void queue_offer(coord *c, const struct bus_msg *bm, const Pi2__GenerateRequest *g);
+void queue_tick(coord *c, int64_t now_ms);
+bool queue_next(coord *c);
+void queue_close(coord *c);
 
 /* steps.c: one step of the schedule, re-sent after worker faults until it completes.
  * Return 0, the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL),

@@ -137,5 +137,6 @@ void coord_pump(coord *c, int timeout_ms) {
     }
     workers_check_alive(c, now);
     client_check_stall(c, now);
+    queue_tick(c, now);
     if (c->prompt.active) client_prompt_progress(c);
 }

@@ -80,11 +80,13 @@ int main(int argc, char **argv) {
              c.sv.m.n_layer, c.sv.m.n_embd, c.sv.m.n_vocab, c.params.n_ctx, c.params.n_cpu_workers,
              c.opt.no_npu ? "by decode tasks" : "on the npu-worker when it is up", c.opt.runid);
     while (!proc_stop) {
-        coord_pump(&c, 100);
-        if (c.req.pending && !proc_stop) generate_serve(&c);
+        queue_next(&c); /* the next waiting client, once the slot is free */
+        if (c.req.pending) generate_serve(&c);
+        else coord_pump(&c, 100);
     }
     if (c.req.pending)
         client_send_error(&c, PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
+    queue_close(&c);
     gen_request_clear(&c.req);
     log_info("stopping");
     rc = 0;

@@ -9,7 +9,7 @@
 #   pi2 profile PROC [SECONDS] [-r RUN]
 #   pi2 rundir [-r RUN]
 #   pi2 plan -m MODEL (--mem-budget SIZE | --target-speed X) -o DIR [...]   |   pi2 plan show PLAN
-#   pi2 run [-r RUN] -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE]
+#   pi2 run [-r RUN] -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE] [--wait S]
 # RUN defaults to $PI2_RUN, else "default". The programs of the stack are found
 # next to this script (build/bin). `pi2 up` passes its environment on to every
 # process (e.g. PI2_LOG, PI2_TASK_DELAY_US).
@@ -45,9 +45,10 @@ usage: pi2 COMMAND [options]          (RUN: -r RUN, default $PI2_RUN or "default
   restart PROC       stop PROC (e.g. cpu-worker.1); the supervisor starts it again at once
   logs PROC [-f]     the log of PROC (-f: follow it)
   profile PROC [S]   perf cpu-clock samples of PROC for S seconds (default 5), top symbols
-  run -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE]
+  run -p PROMPT [-n N] [--temp T --top-k K --top-p P --seed S --ignore-eos] [--dense | --ffn MODE] [--wait S]
                      generate through the stack (pi2-client), text streamed to stdout;
-                     --dense forces a dense FFN (default: the stack's --ffn mode)
+                     --dense forces a dense FFN (default: the stack's --ffn mode); while another
+                     generation runs it waits its turn up to --wait S (default 300)
   rundir [-r RUN]    print the run directory (sockets, pid files, logs)
   plan -m MODEL --mem-budget SIZE -o DIR [...]
                      plan MODEL for a memory budget on this machine (the planner: profiles, bundle

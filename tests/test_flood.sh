@@ -115,6 +115,31 @@ for f in "${!log_before[@]}"; do
     ((grown < LOG_LINES_MAX)) || ok=1
 done
 check "no process's log grew by $LOG_LINES_MAX lines or more" $ok
+
+# ---- a second client waits its turn (queue): told how many are ahead, served when the slot frees ----
+gen "$R" $N >"$TMP/first.out" &
+first=$!
+sleep 0.5
+timeout 60 "$PI2" run -r "$R" -p "$PROMPT" -n 8 --temp 0 >"$TMP/second.out" 2>"$TMP/second.err" &
+second=$!
+sleep 0.3
+t0=$(date +%s.%N)
+timeout 30 "$PI2" run -r "$R" -p "$PROMPT" -n 8 --temp 0 --wait 1 >/dev/null 2>"$TMP/third.err"
+st=$?
+third_s=$(echo "$(date +%s.%N) - $t0" | bc)
+[ $st -ne 0 ] && grep -q "waited 1\.[0-9] s for the generations before it (2 ahead).*STACK_BUSY" "$TMP/third.err" &&
+    awk -v t="$third_s" 'BEGIN { exit !(t < 3) }'
+check "a client with --wait 1 behind two generations is refused after its wait (${third_s} s)" $?
+[ $st -eq 0 ] && cat "$TMP/third.err"
+timeout 30 "$PI2" run -r "$R" -p "$PROMPT" -n 8 --temp 0 --wait 0 >/dev/null 2>"$TMP/fourth.err"
+[ $? -ne 0 ] && grep -q "may not wait.*STACK_BUSY" "$TMP/fourth.err"
+check "a client with --wait 0 is refused at once" $?
+wait "$first" && [ "$(cat "$TMP/first.out")" == "$want" ]
+check "the first generation is served undisturbed" $?
+wait "$second" && [ "$(cat "$TMP/second.out")" == "$want_short" ]
+check "the queued client gets the same tokens as a quiet run, once the first is done" $?
+grep -q "waiting for the stack: 1 generation ahead" "$TMP/second.err"
+check "... and was told it waits, with one generation ahead" $?
 unset PI2_TASK_DELAY_US
 
 finish

@@ -57,6 +57,7 @@ typedef struct {
     Pi2__GenerateDone gd;
     Pi2__OffloadStats os;
     Pi2__PromptProgress pgp;
+    Pi2__GenerateQueued gq;
 } fixture;
 
 static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
@@ -72,6 +73,7 @@ static const Pi2__Envelope__BodyCase ALL_BODIES[] = {
     PI2__ENVELOPE__BODY_STATS_REQUEST, PI2__ENVELOPE__BODY_GENERATE_REQUEST,
     PI2__ENVELOPE__BODY_TOKEN_PIECE, PI2__ENVELOPE__BODY_GENERATE_DONE,
     PI2__ENVELOPE__BODY_PREFILL_PROGRESS, PI2__ENVELOPE__BODY_PROMPT_PROGRESS,
+    PI2__ENVELOPE__BODY_GENERATE_QUEUED,
 };
 #define N_BODIES (sizeof ALL_BODIES / sizeof ALL_BODIES[0])
 
@@ -262,6 +264,12 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         pi2__prompt_progress__init(&f->pgp);
         f->pgp.n_done = 100, f->pgp.n_prompt = 512, f->pgp.elapsed_ms = 2500.5;
         f->env.prompt_progress = &f->pgp;
+        break;
+    case PI2__ENVELOPE__BODY_GENERATE_QUEUED:
+        pi2__generate_queued__init(&f->gq);
+        f->gq.ahead = 2, f->gq.waited_ms = 1250.0;
+        f->env.generate_queued = &f->gq;
+        f->env.session = 0; /* no generation yet */
         break;
     default: break;
     }
@@ -481,6 +489,10 @@ static const char *break_rule(int i, fixture *f) {
     case 109: SET(GENERATE_DONE); f->os.tokens = f->os.layers + 1; return "GenerateDone.offload.tokens = 1505 > layers";
     case 110: SET(GENERATE_DONE); f->os.wait_us = 70001; return "GenerateDone.offload.wait_us = 70001 > ffn_us";
     case 111: SET(GENERATE_DONE); f->os.misses = UINT64_MAX - 11999; return "GenerateDone.offload: hot + cold_hits";
+    case 112: SET(GENERATE_REQUEST); f->gr.max_wait_ms = MSG_MAX_WAIT_MS + 1; return "GenerateRequest.max_wait_ms = 86400001";
+    case 113: SET(GENERATE_QUEUED); f->gq.ahead = 0; return "GenerateQueued.ahead = 0 is not in 1..4096";
+    case 114: SET(GENERATE_QUEUED); f->gq.ahead = MSG_MAX_AHEAD + 1; return "GenerateQueued.ahead = 4097";
+    case 115: SET(GENERATE_QUEUED); f->gq.waited_ms = -1; return "GenerateQueued.waited_ms = -1";
     default: return NULL;
     }
 }

@@ -26,7 +26,7 @@
 
 typedef struct {
     const char *runid, *prompt;
-    int n_predict, top_k, timeout_s;
+    int n_predict, top_k, timeout_s, wait_s;
     float temp, top_p;
     uint64_t seed;
     int ignore_eos;
@@ -47,20 +47,23 @@ static void usage(FILE *f) {
             "      --ignore-eos     keep generating after end-of-sequence\n"
             "      --ffn MODE       dense, gate-first or predictor (default: the stack's, pi2 up --ffn)\n"
             "      --timeout S      give up when the stack sends nothing for S seconds (default 30)\n"
+            "      --wait S         while another generation runs, wait up to S seconds for our turn\n"
+            "                       (default 300; 0: be refused at once)\n"
             "  -h, --help           this help\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_TIMEOUT, OPT_FFN };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IGNORE_EOS, OPT_TIMEOUT, OPT_FFN, OPT_WAIT };
     static const struct option longopts[] = {
         {"run", required_argument, 0, 'r'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"seed", required_argument, 0, 's'},
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"timeout", required_argument, 0, OPT_TIMEOUT}, {"ffn", required_argument, 0, OPT_FFN}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"timeout", required_argument, 0, OPT_TIMEOUT}, {"ffn", required_argument, 0, OPT_FFN},
+        {"wait", required_argument, 0, OPT_WAIT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.runid = cli_default_runid(), .prompt = "", .n_predict = 64, .top_k = 40,
-                   .timeout_s = 30, .temp = 0.8f, .top_p = 0.95f, .seed = (uint64_t)time(NULL)};
+                   .timeout_s = 30, .wait_s = 300, .temp = 0.8f, .top_p = 0.95f, .seed = (uint64_t)time(NULL)};
     long v;
     int c;
     while ((c = getopt_long(argc, argv, "r:p:n:s:h", longopts, NULL)) != -1) {
@@ -75,6 +78,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_FFN: if (ffn_mode_parse_flag(optarg, "--ffn", &o->ffn, NULL)) return -1; o->ffn_given = true; break;
         case OPT_TIMEOUT: if (cli_parse_int(optarg, "--timeout", 1, 86400, &o->timeout_s)) return -1; break;
+        case OPT_WAIT: if (cli_parse_int(optarg, "--wait", 0, (int)(MSG_MAX_WAIT_MS / 1000), &o->wait_s)) return -1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -114,6 +118,7 @@ static int send_request(bus_socket *s, const options *o) {
     g.prompt.data = (uint8_t *)o->prompt, g.prompt.len = strlen(o->prompt);
     g.n_predict = (uint32_t)o->n_predict, g.sampling = &sp, g.ignore_eos = o->ignore_eos;
     g.ffn_mode = o->ffn_given ? ffn_mode_to_wire(o->ffn) : PI2__FFN_MODE__FFN_MODE_UNSPECIFIED;
+    g.max_wait_ms = (uint32_t)o->wait_s * 1000;
     Pi2__Envelope env;
     msg_envelope_init(&env, 1, 0);
     env.body_case = PI2__ENVELOPE__BODY_GENERATE_REQUEST;
@@ -211,6 +216,7 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator,
     int64_t last_heard = clock_ms();
     double ttft_ms = -1;
     progress_view pv = {.tty = isatty(STDERR_FILENO)};
+    uint32_t ahead = 0;
     for (;;) {
         struct bus_msg bm;
         int rc = bus_recv(s, &bm, POLL_SLICE_MS);
@@ -250,6 +256,14 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator,
         }
         switch (env->body_case) {
         case PI2__ENVELOPE__BODY_PROMPT_PROGRESS: progress_show(&pv, env->prompt_progress); break;
+        case PI2__ENVELOPE__BODY_GENERATE_QUEUED:
+            if (env->generate_queued->ahead != ahead) /* a line when the queue moves, not every second */
+                log_info("waiting for the stack: %u generation%s ahead (%.0f s so far, --wait %d)",
+                         env->generate_queued->ahead, env->generate_queued->ahead > 1 ? "s" : "",
+                         env->generate_queued->waited_ms / 1e3, o->wait_s);
+            ahead = env->generate_queued->ahead;
+            sent_ms = clock_ms(); /* time to first token counts from our turn */
+            break;
         case PI2__ENVELOPE__BODY_TOKEN_PIECE: {
             const Pi2__TokenPiece *t = env->token_piece;
             if (ttft_ms < 0) ttft_ms = (double)(clock_ms() - sent_ms);

@@ -551,6 +551,8 @@ static int v_generate_request(const vctx *v, const Pi2__Envelope *env) {
         return fail(v, "%s.n_predict = %" PRIu32 " > %u", p, m->n_predict, MSG_MAX_PREDICT);
     if ((int)m->ffn_mode < 0 || m->ffn_mode > PI2__FFN_MODE__FFN_MODE_PREDICTOR)
         return fail(v, "%s.ffn_mode = %d is not a mode", p, (int)m->ffn_mode);
+    if (m->max_wait_ms > MSG_MAX_WAIT_MS)
+        return fail(v, "%s.max_wait_ms = %" PRIu32 " > %u", p, m->max_wait_ms, MSG_MAX_WAIT_MS);
     return check_sampling(v, p, m->sampling);
 }
 
@@ -605,6 +607,15 @@ static int v_prompt_progress(const vctx *v, const Pi2__Envelope *env) {
     return 0;
 }
 
+static int v_generate_queued(const vctx *v, const Pi2__Envelope *env) {
+    const Pi2__GenerateQueued *m = env->generate_queued;
+    const char *p = "GenerateQueued";
+    if (check_ms(v, p, "waited_ms", m->waited_ms)) return -1;
+    if (m->ahead < 1 || m->ahead > MSG_MAX_AHEAD)
+        return fail(v, "%s.ahead = %" PRIu32 " is not in 1..%u", p, m->ahead, MSG_MAX_AHEAD);
+    return 0;
+}
+
 int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, size_t errlen) {
     const vctx v = {lim, err, errlen};
     if (env->version != PI2_PROTO_VERSION)
@@ -639,6 +650,7 @@ int msg_validate(const Pi2__Envelope *env, const msg_limits *lim, char *err, siz
     case PI2__ENVELOPE__BODY_TOKEN_PIECE: check = v_token_piece; break;
     case PI2__ENVELOPE__BODY_GENERATE_DONE: check = v_generate_done; break;
     case PI2__ENVELOPE__BODY_PROMPT_PROGRESS: check = v_prompt_progress; break;
+    case PI2__ENVELOPE__BODY_GENERATE_QUEUED: check = v_generate_queued; break;
     default: return fail(&v, "Envelope body %d is unknown", (int)env->body_case);
     }
     return check(&v, env);

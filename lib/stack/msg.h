@@ -27,6 +27,8 @@
 #define MSG_MAX_STATS 1024u
 #define MSG_MAX_PROMPT (64u << 10)  /* GenerateRequest.prompt bytes */
 #define MSG_MAX_PREDICT (1u << 24)  /* GenerateRequest.n_predict */
+#define MSG_MAX_WAIT_MS (86400u * 1000) /* GenerateRequest.max_wait_ms: a day */
+#define MSG_MAX_AHEAD 4096u          /* GenerateQueued.ahead */
 #define MSG_MAX_PIECE 256u          /* TokenPiece.piece bytes */
 
 /* The receiver's limits. Every field must be set: a zero limit rejects anything indexed by it. */
