@@ -51,6 +51,7 @@ typedef struct {
     uint32_t pid;           /* from Register */
     bool alive;             /* last liveness verdict (bus or ctl row within COORD_DEAD_MS) */
     uint64_t faults;        /* restarts and losses seen: a step it takes part in is re-sent */
+    int64_t asked_ms;       /* when we last asked it to register (it beat unregistered) */
 } worker;
 
 /* What the running step waits for. */

@@ -125,6 +125,24 @@ static void send_register_ack(coord *c, const worker *w) {
     if (rc != BUS_OK) log_warn("RegisterAck to %s: %s", w->name, bus_status_str(rc));
 }
 
+/* A worker that beats but never registered with us (we are a restarted
+ * coordinator): Error NOT_REGISTERED makes it send Register again; at most once a second. */
+static void ask_to_register(coord *c, worker *w) {
+    const int64_t now = clock_ms();
+    if (now - w->asked_ms < 1000) return;
+    w->asked_ms = now;
+    Pi2__Error e = PI2__ERROR__INIT;
+    e.code = PI2__ERROR_CODE__NOT_REGISTERED;
+    e.message = "this coordinator does not know you: register again";
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, 0);
+    env.body_case = PI2__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    log_info("%s beats but is not registered with us: asking it to register", w->name);
+    const int rc = coord_send(c, c->workers_sock, w->name, strlen(w->name), &env);
+    if (rc != BUS_OK) log_warn("NotRegistered to %s: %s", w->name, bus_status_str(rc));
+}
+
 static void on_register(coord *c, worker *w, const Pi2__Register *r) {
     bool is_npu = w == &c->npu;
     uint32_t index = is_npu ? 0 : (uint32_t)(w - c->cpu);
@@ -206,6 +224,7 @@ void workers_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env) 
     switch (env->body_case) {
     case PI2__ENVELOPE__BODY_REGISTER: on_register(c, w, env->register_); return;
     case PI2__ENVELOPE__BODY_HEARTBEAT:
+        if (!w->registered) { ask_to_register(c, w); return; } /* we restarted, or its Register was lost */
         if (env->heartbeat->worker_id != w->worker_id)
             log_debug("%s heartbeat with worker_id %u (ours %u)", w->name, env->heartbeat->worker_id, w->worker_id);
         return;

@@ -24,6 +24,7 @@ LONG_LIVED_MS=5000                     # a process that ran this long before dyi
 EARLY_DEATH_MS=60000                   # a death this soon after the start counts towards a crash loop ...
 CRASH_LOOP_DEATHS=3                    # ... and this many in a row by the same signal stop the stack
 MAX_BACKOFF_MS=5000
+STALL_RESTART_MS=$((${PI2_STALL_S:-10} * 1000)) # a coordinator, cachemgr or io-worker not beating this long is restarted
 LOG_CAP_BYTES=$((${PI2_LOG_CAP_KB:-16384} << 10)) # a log past this is moved to NAME.log.1 (one kept)
 EXIT_USAGE=2                           # a process's exit status for bad arguments (every program)
 EXIT_CONFIG=78                         # ... for a configuration it cannot run (sysexits.h EX_CONFIG)
@@ -451,6 +452,26 @@ cap_logs() {
     done < <(find "$RD/logs" -maxdepth 1 -name '*.log' -size +"$((LOG_CAP_BYTES >> 10))"k 2>/dev/null)
 }
 
+# heal_stalls: a coordinator, cachemgr or io-worker that pi2-ctl shows
+# stalled (alive, ready or busy, its heartbeat older than STALL_RESTART_MS)
+# is killed and started again, with why in the log. These processes never
+# compute for long, so a silent one is stuck; compute workers are judged by
+# their progress instead (the coordinator re-sends their work). One pi2-ctl
+# per wake of the supervisor (every WAKE_S at most).
+heal_stalls() {
+    local name pid state age i
+    while read -r name pid state age _; do
+        [ "$state" = stalled ] && [[ $age =~ ^[0-9]+$ ]] && ((age >= STALL_RESTART_MS)) || continue
+        for i in "${!P_NAME[@]}"; do
+            [ "${P_NAME[$i]}" = "$name" ] && [ "${PID[$i]}" = "$pid" ] || continue
+            case ${P_KIND[$i]} in coordinator | cachemgr | io-worker) ;; *) continue ;; esac
+            slog "$name (pid $pid) has not beaten for $((age / 1000)) s: killing it to start it again"
+            echo "stalled: no heartbeat for $((age / 1000)) s" >"$RD/restart.$name"
+            kill -KILL "$pid" 2>/dev/null || true
+        done
+    done < <("$BIN_DIR/pi2-ctl" -r "$RUN" status 2>/dev/null)
+}
+
 gib() { awk -v b="$1" 'BEGIN { if (b >= 1073741824) printf "%.2f GiB", b / 1073741824; else printf "%.1f MiB", b / 1048576 }'; }
 
 # crash_loop I STATUS NOW: counts an early death by a signal; after
@@ -492,6 +513,7 @@ supervise() {
     while ((!STOP_REQUESTED)); do
         await_exit
         cap_logs
+        heal_stalls
         now=$(now_ms)
         local changed=0
         for i in "${!P_NAME[@]}"; do
@@ -501,8 +523,10 @@ supervise() {
                 desc=$REAPED
                 PID[$i]=0 changed=1
                 if [ -f "$RD/restart.$name" ]; then
+                    local why
+                    why=$(head -c 200 "$RD/restart.$name" 2>/dev/null)
                     rm -f "$RD/restart.$name"
-                    slog "$name $desc (pi2 restart): starting it again"
+                    slog "$name $desc (${why:-pi2 restart}): starting it again"
                     NEXT_START_MS[$i]=$now
                 elif [ "${P_KIND[$i]}" = coordinator ]; then
                     teardown "the coordinator $desc"
@@ -801,7 +825,7 @@ cmd_restart() {
     local p
     p=$(proc_pid "$PROC")
     [ "$p" -gt 0 ] || die "$PROC is not running (the supervisor is already restarting it)"
-    touch "$RD/restart.$PROC"
+    echo "pi2 restart" >"$RD/restart.$PROC"
     kill -TERM "$p"
     local deadline=$(($(now_ms) + (STOP_GRACE_S + 5) * 1000)) np=0
     while (($(now_ms) < deadline)); do

@@ -5,7 +5,9 @@
 # read an answer. The generation's tokens equal a quiet run's, every heartbeat stays
 # younger than 1 s (pi2-ctl status sampled a few times a second), nothing is
 # restarted, every process's log stays short, and a client right after the
-# flood is served the same tokens about as fast as on a quiet stack.
+# flood is served the same tokens about as fast as on a quiet stack. Then a
+# second client waits its turn, and a stuck coordinator and io-worker are
+# shown stalled and restarted by the supervisor.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 SHARED=${PI2_SHARED:-../shared}
@@ -141,6 +143,33 @@ check "the queued client gets the same tokens as a quiet run, once the first is 
 grep -q "waiting for the stack: 1 generation ahead" "$TMP/second.err"
 check "... and was told it waits, with one generation ahead" $?
 unset PI2_TASK_DELAY_US
+"$PI2" down -r "$R" >/dev/null 2>&1
+
+# ---- a stuck coordinator and io-worker (SIGSTOP: alive, silent) are shown stalled, then restarted ----
+new_run S
+PI2_STALL_S=2 up "$S" "$TMP/two.conf" "$MODEL" --small-pages
+check "stall stack: pi2 up with PI2_STALL_S=2" $?
+SD=$("$PI2" rundir -r "$S")
+before=$(gen "$S" 16)
+stuck=("$(cat "$SD/coordinator.pid")" "$(cat "$SD/io-worker.pid")")
+kill -STOP "${stuck[@]}"
+sleep 1.5
+"$CTL" -r "$S" status 2>/dev/null | grep -Eq "^coordinator +${stuck[0]} +stalled "
+check "pi2 status shows the stopped coordinator as stalled" $?
+ok=1 t0=$SECONDS
+while ((SECONDS - t0 < 20)); do # the limit, then the supervisor's next look (5 s at most)
+    [ "$(grep -c "has not beaten for .* killing it to start it again" "$SD/logs/supervisor.log")" -ge 2 ] &&
+        "$CTL" -r "$S" status 2>/dev/null | grep -Eq "^coordinator +[0-9]+ +ready " &&
+        [ "$(cat "$SD/coordinator.pid")" != "${stuck[0]}" ] && [ "$(cat "$SD/io-worker.pid")" != "${stuck[1]}" ] &&
+        { ok=0; break; }
+    sleep 0.2
+done
+check "the supervisor restarts the stalled coordinator and io-worker, and says why" $ok
+[ $ok -eq 0 ] || tail -n 5 "$SD/logs/supervisor.log"
+after=$(gen "$S" 16)
+[ -n "$after" ] && [ "$after" == "$before" ]
+check "... and the stack then generates the same text (the workers registered again)" $?
+"$PI2" down -r "$S" >/dev/null 2>&1
 
 finish
 [ $fail -eq 0 ]

@@ -81,6 +81,23 @@ static int connect_coordinator(worker_link *w, const char *runid, const char *na
     return 0;
 }
 
+/* Register: sent at start and again when a coordinator that does not know us asks (it restarted). */
+static int send_register(worker_link *w) {
+    char cpus[MSG_MAX_NAME + 1];
+    format_cpu_list(cpus, sizeof cpus);
+    Pi2__Register reg = PI2__REGISTER__INIT;
+    reg.kind = w->kind;
+    reg.worker_index = w->index;
+    reg.pid = (uint32_t)getpid();
+    reg.cpu_list = cpus;
+    reg.threads = w->threads;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, 0);
+    env.body_case = PI2__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    return worker_link_send(w, &env) ? 0 : -1;
+}
+
 int worker_link_open(worker_link *w, stack_ctl *ctl, const char *runid, const char *name, Pi2__ProcessKind kind,
                      uint32_t index, uint32_t threads) {
     memset(w, 0, sizeof *w);
@@ -97,20 +114,8 @@ int worker_link_open(worker_link *w, stack_ctl *ctl, const char *runid, const ch
     w->beat_running = true;
     if (connect_coordinator(w, runid, name)) return -1;
     bus_ticker_init(&w->ticker, WORKER_HEARTBEAT_MS, clock_ms());
-
-    char cpus[MSG_MAX_NAME + 1];
-    format_cpu_list(cpus, sizeof cpus);
-    Pi2__Register reg = PI2__REGISTER__INIT;
-    reg.kind = kind;
-    reg.worker_index = index;
-    reg.pid = (uint32_t)getpid();
-    reg.cpu_list = cpus;
-    reg.threads = threads;
-    Pi2__Envelope env;
-    msg_envelope_init(&env, 0, 0);
-    env.body_case = PI2__ENVELOPE__BODY_REGISTER;
-    env.register_ = &reg;
-    return worker_link_send(w, &env) ? 0 : -1;
+    w->kind = kind, w->index = index, w->threads = threads;
+    return send_register(w);
 }
 
 void worker_link_close(worker_link *w) {
@@ -201,6 +206,12 @@ Pi2__Envelope *worker_link_recv(worker_link *w, const msg_limits *lim, int timeo
     case PI2__ENVELOPE__BODY_SHUTDOWN:
         log_info("shutdown requested by the coordinator: %s", env->shutdown->reason);
         proc_stop = 1;
+        break;
+    case PI2__ENVELOPE__BODY_ERROR:
+        if (env->error->code != PI2__ERROR_CODE__NOT_REGISTERED) return env;
+        log_info("the coordinator does not know us (it restarted): registering again");
+        atomic_store(&w->registered, false);
+        send_register(w);
         break;
     default: return env;
     }

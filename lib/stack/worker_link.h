@@ -34,6 +34,8 @@ typedef struct {
     pthread_t beat_thread;
     bool beat_running;
     int hot_wait_us;             /* worker_link_serve: spin this long after a message before sleeping */
+    Pi2__ProcessKind kind;       /* what Register says, sent again when a new coordinator asks */
+    uint32_t index, threads;
 } worker_link;
 
 /* Claims the ctl row `name`, starts beating it, connects DEALER `name` to the
