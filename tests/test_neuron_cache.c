@@ -129,11 +129,11 @@ static void test_clock_and_pins(void) {
     CHECK(n == 4, "4 cached bundles pinned (%d)", n);
     uint8_t *dest;
     CHECK(ncache_claim(f.c, 0, 0, 50, &dest) == -1, "with every slot pinned a claim fails");
-    /* a dead reader's pins and a dead writer's loading slot: recover */
-    ncache_recover(f.c);
-    CHECK(ncache_claim(f.c, 0, 0, 50, &dest) >= 0, "after recover the pins are gone");
-    ncache_recover(f.c);
-    CHECK(ncache_pin(f.c, 0, 0, 50, &ref) == NULL, "a slot left loading is empty after recover");
+    /* a dead reader's pins let go (its successor does, from the pin log), then a dead writer's loading slot */
+    for (int i = 0; i < n; i++) ncache_unpin(f.c, &all[i]);
+    CHECK(ncache_claim(f.c, 0, 0, 50, &dest) >= 0, "once the pins are let go a claim succeeds");
+    ncache_writer_restart(f.c);
+    CHECK(ncache_pin(f.c, 0, 0, 50, &ref) == NULL, "a slot left loading is empty after a writer restart");
     int kept = 0;
     for (uint32_t b = 0; b < 100; b++) {
         const uint8_t *q = ncache_pin(f.c, 0, 0, b, &ref);
@@ -142,7 +142,7 @@ static void test_clock_and_pins(void) {
             ncache_unpin(f.c, &ref);
         }
     }
-    CHECK(kept == 3, "the 3 published bundles are found after recover rebuilt the index (%d)", kept);
+    CHECK(kept == 3, "the 3 other published bundles are still found (%d)", kept);
     CHECK(ncache_claim(f.c, 0, 0, 50, &dest) >= 0, "and the bundle can be claimed again");
     fixture_free(&f);
 }

@@ -256,24 +256,6 @@ void ncache_abandon(ncache *c, int64_t slot) {
     atomic_store_explicit(&m->word, word_of(gen_of(w), EMPTY, 0), memory_order_release);
 }
 
-void ncache_recover(ncache *c) {
-    const ncache_shape *s = &c->shape;
-    /* the index again from the slots: a writer killed between a claim and its index update left a stale entry */
-    for (uint64_t i = 0; i < index_entries(s); i++) atomic_store_explicit(&c->index[i], -1, memory_order_relaxed);
-    for (uint32_t i = 0; i < s->n_slots; i++) {
-        slot_meta *m = &c->slots[i];
-        const uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
-        const uint64_t key = atomic_load_explicit(&m->key, memory_order_relaxed);
-        if (state_of(w) == READY && key != NO_KEY && key_in_shape(s, key)) {
-            atomic_store_explicit(&m->word, word_of(gen_of(w), READY, 0), memory_order_release);
-            atomic_store_explicit(&c->index[index_of(s, key)], (int32_t)i, memory_order_release);
-        } else {
-            atomic_store_explicit(&m->key, NO_KEY, memory_order_relaxed);
-            atomic_store_explicit(&m->word, word_of(gen_of(w), EMPTY, 0), memory_order_release);
-        }
-    }
-}
-
 void ncache_writer_restart(ncache *c) {
     const ncache_shape *s = &c->shape;
     for (uint32_t i = 0; i < s->n_slots; i++) {

@@ -20,8 +20,7 @@
  * A reader killed while it holds pins leaves them held (the stack's
  * cpu-workers log theirs, so the process that takes a killed one's place
  * lets them go: cpu-worker/ffn_offload.c), a writer killed mid-read leaves a
- * slot LOADING (ncache_writer_restart); ncache_recover clears both, once no
- * reader or writer of the table is running. */
+ * slot LOADING, which its successor returns (ncache_writer_restart). */
 #ifndef PI2_NEURON_CACHE_H
 #define PI2_NEURON_CACHE_H
 
@@ -86,9 +85,6 @@ void ncache_publish(ncache *c, int64_t slot);
 /* The read failed: the slot goes back empty. */
 void ncache_abandon(ncache *c, int64_t slot);
 
-/* Clears every pin, returns LOADING slots to empty and rebuilds the index
- * from the READY slots; only while no reader or writer runs. */
-void ncache_recover(ncache *c);
 /* A new writer taking over from one that died (the io-worker restarted):
  * its LOADING slots go back empty, its published but unindexed ones are
  * indexed. Safe while readers run (they never pin a LOADING slot). */
