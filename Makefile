@@ -1,6 +1,6 @@
 # pi2 — build everything into build/.
 #   make          build libraries, tools and tests
-#   make test     run the test suite (ends with "N passed, N failed")
+#   make test     run the test suite (ends with "N passed, N failed, N skipped")
 #   make asan     the test suite under AddressSanitizer + UBSan (in build-asan/)
 #   make fuzz     libFuzzer on every decoder of outside bytes, FUZZ_SECONDS each (clang, build-fuzz/)
 #   make demo     tell a story with the built-in stories260K model

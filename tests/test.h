@@ -1,11 +1,11 @@
 /* Minimal test harness: each test binary counts its checks and ends with
- * "N passed, N failed"; tests/run.sh sums the binaries' lines. */
+ * "N passed, N failed, N skipped"; tests/run.sh sums the binaries' lines. */
 #ifndef PI2_TEST_H
 #define PI2_TEST_H
 
 #include <stdio.h>
 
-static int test_passed, test_failed;
+static int test_passed, test_failed, test_skipped;
 
 #define CHECK(cond, ...)                                                        \
     do {                                                                        \
@@ -19,8 +19,18 @@ static int test_passed, test_failed;
         }                                                                       \
     } while (0)
 
+/* A part this machine cannot run (a kernel set its CPU lacks): counted, and
+ * named on a line "SKIP what" that tests/run.sh names once for the run. */
+#define SKIP(...)                                                               \
+    do {                                                                        \
+        test_skipped++;                                                         \
+        printf("SKIP ");                                                        \
+        printf(__VA_ARGS__);                                                    \
+        putchar('\n');                                                          \
+    } while (0)
+
 static inline int test_summary(void) {
-    printf("%d passed, %d failed\n", test_passed, test_failed);
+    printf("%d passed, %d failed, %d skipped\n", test_passed, test_failed, test_skipped);
     return test_failed ? 1 : 0;
 }
 

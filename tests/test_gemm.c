@@ -286,7 +286,7 @@ int main(void) {
     for (int i = 0; i < COUNT(names); i++) {
         const kernels *k = kernels_by_name(names[i]);
         if (!k) {
-            printf("kernel set %s: this CPU cannot run it, skipped\n", names[i]);
+            SKIP("kernel set %s (this CPU lacks it)", names[i]);
             continue;
         }
         test_set(k);

@@ -417,9 +417,10 @@ int main(void) {
     test_reference_dots_vs_double();
 
     const kernels *sets[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact()};
+    const char *set_names[] = {"scalar", "avx2", "avx512", "avx512-exact"};
     for (int i = 0; i < COUNT(sets); i++) {
         if (!sets[i]) {
-            printf("kernel set %d not supported by this CPU: skipped\n", i);
+            SKIP("kernel set %s (this CPU lacks it)", set_names[i]);
             continue;
         }
         test_float_kernels(sets[i]);

@@ -54,11 +54,11 @@ check "the unbudgeted stack's timing line and pi2 status show no neuron cache" $
 CG_ROOT=/sys/fs/cgroup/memory
 can_cap=0
 if ldd "$BIN/cachemgr" 2>/dev/null | grep -q libasan; then
-    echo "skipped: the memory caps under AddressSanitizer (its shadow memory is not the stack's); budgets run uncapped"
+    skip "memory caps under AddressSanitizer (its shadow memory is not the stack's; budgets run uncapped)"
 elif [ "$(id -u)" = 0 ] && [ -w "$CG_ROOT" ]; then
     can_cap=1
 else
-    echo "skipped: the memory caps (need root and cgroup v1 at $CG_ROOT); budgets run uncapped"
+    skip "memory caps (need root and cgroup v1 at $CG_ROOT; budgets run uncapped)"
 fi
 
 # cache_stats PCT RUN: the client's timing line (in out-PCT.txt.err) adds the

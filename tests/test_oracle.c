@@ -213,7 +213,7 @@ int main(void) {
     for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
         const kernels *k = kernels_by_name(runs[r].kernels);
         if (!k) {
-            printf("kernel set %s: not supported by this CPU, skipped\n", runs[r].kernels);
+            SKIP("kernel set %s (this CPU lacks it)", runs[r].kernels);
             continue;
         }
         for (size_t i = 0; i < sizeof expectations / sizeof *expectations; i++) {

@@ -306,7 +306,9 @@ int main(void) {
 
     sets[nsets++] = sparse_kernels_scalar();
     if (sparse_kernels_avx2()) sets[nsets++] = sparse_kernels_avx2();
+    else SKIP("kernel set avx2 (this CPU lacks it)");
     if (sparse_kernels_avx512()) sets[nsets++] = sparse_kernels_avx512();
+    else SKIP("kernel set avx512 (this CPU lacks it)");
     if (nsets < 3) fprintf(stderr, "note: this CPU runs only %d of the 3 kernel sets\n", nsets);
 
     /* 4128 and 16416: whole runs of 8 blocks (the avx512 Q4_0 axpy's vector scales) and a

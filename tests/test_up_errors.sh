@@ -104,7 +104,7 @@ if [ "$(id -u)" = 0 ] && [ -w "$CG_ROOT" ] && mkdir "$CG_ROOT/pi2-$RUN_BASE" 2>/
     gone "segments over the cgroup's cap" "$R"
     rmdir "$CG" 2>/dev/null
 else
-    echo "skipped: the memory-cgroup refusal (needs root and cgroup v1 at $CG_ROOT)"
+    skip "the memory-cgroup refusal (needs root and cgroup v1 at $CG_ROOT)"
 fi
 
 # ---- crash loops: a cachemgr the kernel kills at once, every time ----

@@ -3,7 +3,7 @@
 # the repository root: run bookkeeping, checks, and the teardown that leaves no
 # process, segment or run directory behind. The caller sets RUN_BASE (a prefix
 # unique to it). Sets BIN ($BUILD/bin, absolute), PI2 and REF; defines check,
-# require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
+# skip, require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
 # configs below.
 BUILD=${BUILD:-build}
 BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
@@ -12,11 +12,16 @@ PI2=$BIN/pi2
 REF=$BIN/pi2-ref
 TMP=$(mktemp -d)
 RUNS=()
-pass=0 fail=0
+pass=0 fail=0 skipped=0
 finished=0
 
 check() { # check NAME STATUS
     if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
+}
+
+skip() { # skip WHAT: a part this machine cannot run, counted and named (tests/run.sh names it once)
+    skipped=$((skipped + 1))
+    echo "SKIP $1"
 }
 
 require_programs() { # require_programs NAME...: each is built in $BIN, else the suite stops
@@ -82,7 +87,7 @@ finish() {
     done
     check "after the suite: no process, no segment, no run directory" $ok
     rm -rf "$TMP"
-    echo "$pass passed, $fail failed"
+    echo "$pass passed, $fail failed, $skipped skipped"
 }
 trap 'finish; exit 1' INT TERM
 trap 'finish' EXIT
