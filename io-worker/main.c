@@ -26,7 +26,7 @@ static void usage(FILE *f) {
             "  -m, --model FILE       the model the stack runs\n"
             "  -r, --run RUNID        run id (default: $PI2_RUN, else \"default\")\n"
             "  -q, --queue-depth N    io_uring entries, reads in flight (default: 32 for the model file,\n"
-            "                         the plan's for the bundle file)\n"
+            "                         the plan's times its cpu-workers for the bundle file)\n"
             "      --no-verify        do not check bundles against their checksums as they are read\n"
             "  -h, --help             this help\n"
             "Environment: PI2_LOG=debug|info|warn|error; PI2_IO_DELAY_US=N pauses N us before each\n"

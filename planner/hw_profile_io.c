@@ -22,13 +22,13 @@
 #include "util/synth_rng.h"
 
 const int hw_io_size_kib[HW_IO_SIZES] = {4, 8, 12, 16, 32};
-const int hw_io_depth[HW_IO_DEPTHS] = {1, 2, 4, 8, 16, 32, 64};
+const int hw_io_depth[HW_IO_DEPTHS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 #define IO_ALIGN 4096u /* O_DIRECT offsets, lengths and buffers */
-#define IO_MAX_DEPTH 64
+#define IO_MAX_DEPTH 256 /* the deepest of hw_io_depth: the ring's entries */
 #define SEQ_READ_BYTES ((size_t)1 << 20)
 #define SEQ_DEPTH 4
-#define IO_BUFFER_BYTES ((size_t)4 << 20)        /* IO_MAX_DEPTH reads of 32 KiB, or SEQ_DEPTH of 1 MiB */
+#define IO_BUFFER_BYTES ((size_t)IO_MAX_DEPTH << 15) /* IO_MAX_DEPTH reads of 32 KiB (and SEQ_DEPTH of 1 MiB) */
 #define MODEL_MIN_BYTES ((uint64_t)64 << 20)     /* smaller model files: a scratch file instead */
 #define SCRATCH_BYTES ((uint64_t)256 << 20)
 #define SCRATCH_MIN_BYTES ((uint64_t)16 << 20)
@@ -189,6 +189,10 @@ static void queue_read(io_bench *b, enum read_pattern pattern, size_t bytes, int
  * if a read fails. */
 static double reads_per_second(io_bench *b, enum read_pattern pattern, size_t bytes, int depth, double seconds,
                                char *err, size_t errlen) {
+    if (depth > IO_MAX_DEPTH || (size_t)depth * bytes > IO_BUFFER_BYTES) {
+        err_set(err, errlen, "%d reads of %zu bytes do not fit the ring and buffers", depth, bytes);
+        return 0;
+    }
     long reads = 0;
     int in_flight = 0, failed = 0;
     const double start = clock_seconds();

@@ -42,7 +42,7 @@ static void usage(FILE *f) {
             "      --predictor FILE    a pi2-predictor side file for predictor mode (a GGUF model's)\n"
             "      --reprofile         measure the machine again instead of using the cached profile\n"
             "      --hw-point-seconds S  time per measured point of the hardware profile (default 0.2;\n"
-            "                          the whole profile takes about 55 times that)\n"
+            "                          the whole profile takes about 65 times that)\n"
             "  -t, --threads N         engine threads for the model profile (default 2)\n"
             "  -h, --help              this text\n");
 }
