@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 #include "util/clock.h"
 #include "util/huge_alloc.h"
 #include "util/log.h"
+#include "util/mem_bandwidth.h"
 #include "util/mem_limit.h"
 #include "util/synth_rng.h"
 #include "util/threadpool.h"
@@ -66,61 +66,18 @@ static double best_rate(pass_fn pass, void *ctx, double seconds) {
 
 /* ---- memory read bandwidth ---- */
 
-typedef uint64_t u64x2 __attribute__((vector_size(16), may_alias));
-
-/* keeps the sums from being optimised away; relaxed adds: nothing reads it */
-static _Atomic uint64_t memory_sink;
-
-/* Sum of bytes as 64-bit words, in four independent vector sums so that the
- * adds keep up with memory (bytes: a multiple of 64, p 16-byte aligned). */
-static uint64_t sum_words(const uint8_t *p, size_t bytes) {
-    u64x2 a = {0}, b = {0}, c = {0}, d = {0};
-    for (size_t i = 0; i < bytes; i += 64) {
-        const u64x2 *v = (const u64x2 *)(p + i);
-        a += v[0], b += v[1], c += v[2], d += v[3];
-    }
-    const u64x2 s = a + b + c + d;
-    return s[0] + s[1];
-}
-
-typedef struct {
-    const uint8_t *buf;
-    size_t bytes; /* a multiple of 64 */
-    threadpool *pool;
-} memory_bench;
-
-static void sum_share(void *ctx, int ith, int nth) {
-    const memory_bench *b = ctx;
-    long begin, end;
-    pool_split((long)(b->bytes / 64), ith, nth, &begin, &end);
-    const uint64_t s = sum_words(b->buf + (size_t)begin * 64, (size_t)(end - begin) * 64);
-    atomic_fetch_add_explicit(&memory_sink, s, memory_order_relaxed);
-}
-
-static double sum_one_thread(void *ctx) {
-    const memory_bench *b = ctx;
-    atomic_fetch_add_explicit(&memory_sink, sum_words(b->buf, b->bytes), memory_order_relaxed);
-    return (double)b->bytes;
-}
-
-static double sum_all_threads(void *ctx) {
-    memory_bench *b = ctx;
-    pool_run(b->pool, sum_share, b);
-    return (double)b->bytes;
-}
-
 static int measure_memory(hw_profile *h, const uint8_t *buf, size_t bytes, double seconds, progress *p, char *err,
                           size_t errlen) {
-    memory_bench b = {.buf = buf, .bytes = bytes / 64 * 64, .pool = pool_new(h->n_cpus)};
-    if (!b.pool) {
+    threadpool *pool = pool_new(h->n_cpus);
+    if (!pool) {
         err_set(err, errlen, "memory bandwidth: cannot start %d threads", h->n_cpus);
         return -1;
     }
     progress_step(p, "memory bandwidth, 1 thread");
-    h->mem_gbs_one = best_rate(sum_one_thread, &b, seconds) / 1e9;
+    h->mem_gbs_one = mem_read_rate(buf, bytes, NULL, seconds) / 1e9;
     progress_step(p, "memory bandwidth, all threads");
-    h->mem_gbs_all = best_rate(sum_all_threads, &b, seconds) / 1e9;
-    pool_free(b.pool);
+    h->mem_gbs_all = mem_read_rate(buf, bytes, pool, seconds) / 1e9;
+    pool_free(pool);
     return 0;
 }
 

@@ -10,6 +10,7 @@
  * and the prefill product (gemm.h) of each set against it; then the F32 FMA
  * peak likewise, and the float products (F16, F32) against it. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,8 @@
 #include "gguf/f16.h"
 #include "kernels/kernels.h"
 #include "util/log.h"
+#include "util/mem_bandwidth.h"
+#include "util/threadpool.h"
 #include "kernels/pred_gemv.h"
 #include "kernels/mac_peak.h"
 
@@ -397,14 +400,16 @@ static void bench_gemm_float(const kernels *const *isas, int n_isas, uint8_t *w,
 
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
-            "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS]\n"
-            "  GB/s of weight bytes streamed by each dot kernel (one thread).\n"
+            "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS] [-b]\n"
+            "  GB/s of weight bytes streamed by each dot kernel (one thread), after the memory's\n"
+            "  read bandwidth (one thread and all) as the ceiling they are measured against.\n"
             "  -n COLS     row length, a multiple of 32 (default 4096)\n"
             "  -c KIB      in-cache matrix size (default 512 KiB, fits in L2)\n"
             "  -m MIB      out-of-cache matrix size (default 512 MiB, far above L3)\n"
             "  -s SECONDS  minimum time per measurement (default 0.5)\n"
             "  -k SETS     kernel sets to time, comma-separated (default: every set this\n"
-            "              CPU runs of scalar,avx2,avx512,avx512-exact,amx)\n",
+            "              CPU runs of scalar,avx2,avx512,avx512-exact,amx)\n"
+            "  -b          the memory's read bandwidth only\n",
             prog);
 }
 
@@ -424,14 +429,16 @@ int main(int argc, char **argv) {
     long cache_kib = 512, big_mib = 512;
     double min_seconds = 0.5;
     char *set_names = NULL;
+    bool bandwidth_only = false;
     int opt;
-    while ((opt = getopt(argc, argv, "n:c:m:s:k:h")) != -1) {
+    while ((opt = getopt(argc, argv, "n:c:m:s:k:bh")) != -1) {
         switch (opt) {
         case 'n': n = (int)parse_positive(optarg, "-n"); break;
         case 'c': cache_kib = parse_positive(optarg, "-c"); break;
         case 'm': big_mib = parse_positive(optarg, "-m"); break;
         case 's': min_seconds = atof(optarg); break;
         case 'k': set_names = optarg; break;
+        case 'b': bandwidth_only = true; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
@@ -477,6 +484,14 @@ int main(int argc, char **argv) {
         log_error("out of memory for a %ld MiB matrix", big_mib);
         return 1;
     }
+    const int n_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    memset(w, 1, big_bytes); /* every page backed before it is timed */
+    threadpool *pool = pool_new(n_cpus);
+    const double one_gbs = mem_read_rate(w, big_bytes, NULL, min_seconds) / 1e9;
+    const double all_gbs = pool ? mem_read_rate(w, big_bytes, pool, min_seconds) / 1e9 : 0;
+    pool_free(pool);
+    printf("memory read: %.2f GB/s one thread, %.2f GB/s %d threads (%ld MiB)\n", one_gbs, all_gbs, n_cpus, big_mib);
+    if (bandwidth_only) goto out;
     for (int i = 0; i < n; i++) x32[i] = rng_float();
     quantize_row(GGML_TYPE_F16, x32, x16, n);
     quantize_row(GGML_TYPE_Q8_0, x32, x8, n);
@@ -499,11 +514,11 @@ int main(int argc, char **argv) {
     }
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
-    const int n_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const double peak = bench_peak(int8_peak_macs, "int8", n_cpus, min_seconds);
     bench_gemm(isas, n_isas, w, big_bytes, min_seconds, peak);
     const double f32_peak = bench_peak(f32_peak_macs, "f32", n_cpus, min_seconds);
     bench_gemm_float(isas, n_isas, w, big_bytes, min_seconds, f32_peak);
+out:
     free(gemv_out);
     free(w);
     free(x8);
