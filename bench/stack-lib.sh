@@ -106,3 +106,15 @@ bench_prompt() {
     printf '%s' "$text" >"$out"
     cat "$out"
 }
+
+# bench_llama_tg GGUF N [WRAPPER...]: llama.cpp's decode tok/s (llama-bench's tg, 2 threads, N tokens, one
+# repetition, mmap) on GGUF with the llama-bench that LLAMA_BENCH names, run through WRAPPER (e.g. a
+# cgroup). Prints the tok/s, or returns 1 with its last error line in BENCH_TMP/llama.err.
+bench_llama_tg() {
+    local gguf=$1 n=$2
+    shift 2
+    "$@" env LD_LIBRARY_PATH="$(dirname "$LLAMA_BENCH")" "$LLAMA_BENCH" -m "$gguf" -t 2 -p 0 -n "$n" -r 1 -mmp 1 \
+        -o csv >"$BENCH_TMP/llama.csv" 2>"$BENCH_TMP/llama.err" || return 1
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i ~ /avg_ts/) c = i }
+             NR > 1 && c { gsub(/"/, "", $c); v = $c } END { print v }' "$BENCH_TMP/llama.csv"
+}
