@@ -46,11 +46,10 @@ int cm_ready_cache(cachemgr *c) {
     const offload *o = &c->off;
     if (!o->predictor_image_bytes) return 0;
     t0 = clock_seconds();
-    if (o->predictor_image_offset + o->predictor_image_bytes > c->weights_bytes ||
-        predictor_q8_0_image_write(&c->m, c->weights + o->predictor_image_offset, o->predictor_image_bytes, err,
-                                   sizeof err)) {
-        log_error("the shared predictor copy: %s", o->predictor_image_offset + o->predictor_image_bytes >
-                                                           c->weights_bytes ? "past the weights segment" : err);
+    const bool fits = o->predictor_image_offset + o->predictor_image_bytes <= c->weights_bytes;
+    if (!fits || predictor_q8_0_image_write(&c->m, c->weights + o->predictor_image_offset, o->predictor_image_bytes,
+                                            err, sizeof err)) {
+        log_error("the shared predictor copy: %s", fits ? err : "past the end of the weights segment");
         return -1;
     }
     log_info("predictor converted to Q8_0 once for the cpu-workers: %.1f MiB in %.2f s",

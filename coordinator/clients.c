@@ -74,13 +74,12 @@ static int send_gen(coord *c, Pi2__Envelope *env) {
     return -1;
 }
 
-static void error_envelope(coord *c, Pi2__Envelope *env, Pi2__Error *e, Pi2__ErrorCode code, const char *text) {
-    pi2__error__init(e);
-    e->code = code;
-    e->message = (char *)text;
-    msg_envelope_init(env, 0, c->session);
-    env->body_case = PI2__ENVELOPE__BODY_ERROR;
-    env->error = e;
+int client_error_to(coord *c, const uint8_t *peer, size_t peer_len, uint64_t session, Pi2__ErrorCode code,
+                    const char *text) {
+    Pi2__Error e;
+    Pi2__Envelope env;
+    msg_error_init(&env, &e, 0, session, code, text, 0);
+    return send_or_drop(c, peer, peer_len, &env);
 }
 
 int client_send_error(coord *c, Pi2__ErrorCode code, const char *fmt, ...) {
@@ -91,7 +90,7 @@ int client_send_error(coord *c, Pi2__ErrorCode code, const char *fmt, ...) {
     va_end(ap);
     Pi2__Error e;
     Pi2__Envelope env;
-    error_envelope(c, &env, &e, code, text);
+    msg_error_init(&env, &e, 0, c->session, code, text, 0);
     return send_gen(c, &env);
 }
 
@@ -103,10 +102,7 @@ void client_refuse(coord *c, const struct bus_msg *bm, Pi2__ErrorCode code, cons
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Pi2__Error e;
-    Pi2__Envelope env;
-    error_envelope(c, &env, &e, code, text);
-    int rc = send_or_drop(c, bm->peer, bm->peer_len, &env);
+    const int rc = client_error_to(c, bm->peer, bm->peer_len, c->session, code, text);
     char held_note[64] = "", drop_note[64] = "";
     if (held) snprintf(held_note, sizeof held_note, " (and %llu more held back)", (unsigned long long)held);
     if (rc) snprintf(drop_note, sizeof drop_note, "; Error dropped: %s", why_unsent(rc));

@@ -158,6 +158,9 @@ void clients_on_message(coord *c, const struct bus_msg *bm, Pi2__Envelope *env);
  * second per peer (the line counts what was held back meanwhile). */
 void client_refuse(coord *c, const struct bus_msg *bm, Pi2__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* An Error to any client, without waiting: BUS_OK, or the reason it was dropped (and counted). */
+int client_error_to(coord *c, const uint8_t *peer, size_t peer_len, uint64_t session, Pi2__ErrorCode code,
+                    const char *text);
 /* To the client of the running generation. They wait (pumping) while its
  * queue is full, until it reads or is given up on; 0, or -1 once c->client_lost. */
 int client_send_error(coord *c, Pi2__ErrorCode code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -178,11 +181,11 @@ int gen_request_fill(gen_request *r, const struct bus_msg *bm, const Pi2__Genera
 /* queue.c: generations waiting their turn. queue_offer takes a GenerateRequest that arrived while one
  * runs (refused STACK_BUSY if it may not wait, the queue is full, or its client already has one);
  * queue_tick, from the pump, tells each waiting client how many are ahead and gives up on those past
- * their wait or gone; queue_next makes the first the pending generation (false: none waits);
+ * their wait or gone; queue_next makes the first, if any, the pending generation once the slot is free;
  * queue_close answers every waiting client SHUTTING_DOWN. */
 void queue_offer(coord *c, const struct bus_msg *bm, const Pi2__GenerateRequest *g);
 void queue_tick(coord *c, int64_t now_ms);
-bool queue_next(coord *c);
+void queue_next(coord *c);
 void queue_close(coord *c);
 
 /* steps.c: one step of the schedule, re-sent after worker faults until it completes.

@@ -6,7 +6,6 @@
  * max_wait_ms, pi2 run --wait). Nothing here waits on a client: every send
  * goes through the client socket, whose sends never block (clients.c); a
  * client that has gone leaves the queue at its next notice. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,23 +22,6 @@ static int send_queued(coord *c, const gen_request *r, uint32_t ahead, int64_t n
     env.body_case = PI2__ENVELOPE__BODY_GENERATE_QUEUED;
     env.generate_queued = &q;
     return coord_send(c, c->client_sock, r->client, r->client_len, &env);
-}
-
-__attribute__((format(printf, 4, 5))) static void send_error(coord *c, const gen_request *r, Pi2__ErrorCode code,
-                                                             const char *fmt, ...) {
-    char text[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    Pi2__Error e = PI2__ERROR__INIT;
-    e.code = code;
-    e.message = text;
-    Pi2__Envelope env;
-    msg_envelope_init(&env, 0, 0);
-    env.body_case = PI2__ENVELOPE__BODY_ERROR;
-    env.error = &e;
-    if (coord_send(c, c->client_sock, r->client, r->client_len, &env) != BUS_OK) c->replies_dropped++;
 }
 
 static bool same_client(const gen_request *r, const struct bus_msg *bm) {
@@ -86,11 +68,11 @@ void queue_tick(coord *c, int64_t now_ms) {
     for (int i = 0; i < c->n_waiting; i++) {
         gen_request *r = &c->waiting[i];
         if (now_ms - r->queued_ms >= r->max_wait_ms) {
-            log_info("client '%.*s' waited %.1f s, its limit: refused", (int)r->client_len, (const char *)r->client,
-                     (now_ms - r->queued_ms) / 1e3);
-            send_error(c, r, PI2__ERROR_CODE__STACK_BUSY,
-                       "waited %.1f s for the generations before it (%d ahead), the limit it asked for",
-                       (now_ms - r->queued_ms) / 1e3, i + 1);
+            char why[160];
+            snprintf(why, sizeof why, "waited %.1f s for the generations before it (%d ahead), the limit it asked for",
+                     (now_ms - r->queued_ms) / 1e3, i + 1);
+            log_info("client '%.*s' refused: %s", (int)r->client_len, (const char *)r->client, why);
+            client_error_to(c, r->client, r->client_len, 0, PI2__ERROR_CODE__STACK_BUSY, why);
         } else if (now_ms - r->told_ms < COORD_QUEUE_TELL_MS) {
             continue;
         } else {
@@ -104,18 +86,18 @@ void queue_tick(coord *c, int64_t now_ms) {
     }
 }
 
-bool queue_next(coord *c) {
-    if (!c->n_waiting || c->busy || c->req.pending) return false;
+void queue_next(coord *c) {
+    if (!c->n_waiting || c->busy || c->req.pending) return;
     c->req = c->waiting[0];
     memset(&c->waiting[0], 0, sizeof *c->waiting); /* the prompt now belongs to c->req */
     remove_at(c, 0);
     c->req.pending = true;
-    return true;
 }
 
 void queue_close(coord *c) {
     while (c->n_waiting) {
-        send_error(c, &c->waiting[0], PI2__ERROR_CODE__SHUTTING_DOWN, "the stack is shutting down");
+        client_error_to(c, c->waiting[0].client, c->waiting[0].client_len, 0, PI2__ERROR_CODE__SHUTTING_DOWN,
+                        "the stack is shutting down");
         remove_at(c, 0);
     }
 }

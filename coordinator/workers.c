@@ -131,13 +131,10 @@ static void ask_to_register(coord *c, worker *w) {
     const int64_t now = clock_ms();
     if (now - w->asked_ms < 1000) return;
     w->asked_ms = now;
-    Pi2__Error e = PI2__ERROR__INIT;
-    e.code = PI2__ERROR_CODE__NOT_REGISTERED;
-    e.message = "this coordinator does not know you: register again";
+    Pi2__Error e;
     Pi2__Envelope env;
-    msg_envelope_init(&env, 0, 0);
-    env.body_case = PI2__ENVELOPE__BODY_ERROR;
-    env.error = &e;
+    msg_error_init(&env, &e, 0, 0, PI2__ERROR_CODE__NOT_REGISTERED, "this coordinator does not know you: register again",
+                   0);
     log_info("%s beats but is not registered with us: asking it to register", w->name);
     const int rc = coord_send(c, c->workers_sock, w->name, strlen(w->name), &env);
     if (rc != BUS_OK) log_warn("NotRegistered to %s: %s", w->name, bus_status_str(rc));

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "stack/bus.h"
+#include "stack/cache_sim.h"
 #include "stack/msg.h"
 #include "stack/neuron_cache.h"
 #include "stack/proc_stop.h"
@@ -54,23 +55,24 @@ struct ffn_offload {
 
 /* ---- set-up ---- */
 
-/* Lets go of the pins a killed predecessor left in the log: each entry is
- * cleared before its unpin, so a kill in between leaks a pin, never unpins twice. */
+/* Lets go of the pin logged in *entry (slot + 1): the entry is cleared
+ * before the unpin, so a kill in between leaks the pin, never unpins twice. */
+static void unpin_logged(ffn_offload *o, uint32_t *entry) {
+    const uint32_t e = *entry;
+    *entry = 0;
+    ncache_unpin(o->cache, &(ncache_ref){(int64_t)e - 1});
+}
+
+/* Lets go of the pins a killed predecessor left in the log. */
 static void reclaim_pins(ffn_offload *o, const char *name) {
     long n = 0;
-    for (long i = 0; i < o->off->n_bundles; i++) {
-        const uint32_t e = o->pins[i];
-        if (!e) continue;
-        o->pins[i] = 0;
-        ncache_unpin(o->cache, &(ncache_ref){(int64_t)e - 1});
-        n++;
-    }
+    for (long i = 0; i < o->off->n_bundles; i++)
+        if (o->pins[i]) unpin_logged(o, &o->pins[i]), n++;
     if (n) log_warn("%s: let go of %ld cold slots that the process before it held pinned when it stopped", name, n);
 }
 
 /* PI2_BUNDLE_TRACE=PREFIX: PREFIX.NAME gets, per layer step, the (layer, bundle) pairs of the cold bundles
- * looked up, then (TRACE_STEP_END, 0); appended to, so a restarted worker goes on in the same file. */
-#define TRACE_STEP_END 0xffffffffu
+ * looked up, then (CACHE_TRACE_STEP_END, 0); appended to, so a restarted worker goes on in the same file. */
 static void open_trace(ffn_offload *o, const char *name) {
     const char *prefix = getenv("PI2_BUNDLE_TRACE");
     if (!prefix || !*prefix) return;
@@ -84,7 +86,7 @@ static void trace_step(ffn_offload *o, int l) {
     const uint32_t hot = o->off->plan->hot_bundles[l];
     for (int i = 0; i < o->n_touched; i++)
         if (o->touched[i] >= hot) fwrite((uint32_t[2]){(uint32_t)l, o->touched[i]}, sizeof(uint32_t), 2, o->trace);
-    fwrite((uint32_t[2]){TRACE_STEP_END, 0}, sizeof(uint32_t), 2, o->trace);
+    fwrite((uint32_t[2]){CACHE_TRACE_STEP_END, 0}, sizeof(uint32_t), 2, o->trace);
 }
 
 ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index) {
@@ -245,11 +247,7 @@ static bool resolve_chunk(ffn_offload *o, int l, int chunk, bool count) {
 /* Unpins this round's cold bundles and forgets what was found (the miss
  * list stays: it is what a lost io-worker is asked for again). */
 static void release(ffn_offload *o) {
-    for (int i = 0; i < o->n_pins; i++) {
-        const uint32_t e = o->pins[i];
-        o->pins[i] = 0; /* cleared first: a kill between leaks the pin rather than having it let go twice */
-        ncache_unpin(o->cache, &(ncache_ref){(int64_t)e - 1});
-    }
+    for (int i = 0; i < o->n_pins; i++) unpin_logged(o, &o->pins[i]);
     for (int i = 0; i < o->n_touched; i++) o->bundle_at[o->touched[i]] = UNSEEN;
     o->n_pins = o->n_touched = 0;
 }

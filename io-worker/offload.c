@@ -91,8 +91,12 @@ int iow_open_offload(io_worker *w) {
         return -1;
     }
     w->budgeted = true; /* from here iow_close_offload frees the model */
-    if (offload_open(&w->off, &w->m, w->model_path, w->ctl->plan_path, false, err, sizeof err) ||
-        !(w->bundle_reader = uring_reader_open(w->off.bundle_path, bundle_queue_depth(w), err, sizeof err))) {
+    if (offload_open(&w->off, &w->m, w->model_path, w->ctl->plan_path, false, err, sizeof err)) {
+        log_error("%s", err);
+        goto fail;
+    }
+    const unsigned depth = bundle_queue_depth(w);
+    if (!(w->bundle_reader = uring_reader_open(w->off.bundle_path, depth, err, sizeof err))) {
         log_error("%s", err);
         goto fail;
     }
@@ -106,7 +110,7 @@ int iow_open_offload(io_worker *w) {
                                 .verify = w->verify, .fault = spoil_read, .fault_ctx = w};
     parse_fault(w);
     log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight%s", w->off.bundle_path,
-             w->off.cold_slots, w->off.stride, bundle_queue_depth(w), w->verify ? "" : ", checksums not checked");
+             w->off.cold_slots, w->off.stride, depth, w->verify ? "" : ", checksums not checked");
     return 0;
 fail:
     iow_close_offload(w);

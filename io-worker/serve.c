@@ -31,13 +31,8 @@ void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env) { repl
 static void reply_error(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req, Pi2__ErrorCode code,
                         const char *text) {
     Pi2__Envelope env;
-    Pi2__Error e = PI2__ERROR__INIT;
-    msg_envelope_init(&env, ++w->seq, req->session);
-    e.code = code;
-    e.message = (char *)text;
-    e.ref_seq = req->seq;
-    env.body_case = PI2__ENVELOPE__BODY_ERROR;
-    env.error = &e;
+    Pi2__Error e;
+    msg_error_init(&env, &e, ++w->seq, req->session, code, text, req->seq);
     reply(w, m, &env, false);
 }
 

@@ -34,14 +34,9 @@ typedef struct {
 
 static void send_error(worker *w, const Pi2__Envelope *req, Pi2__ErrorCode code, const char *why) {
     log_warn("PrefillRequest %llu refused: %s", (unsigned long long)req->seq, why);
-    Pi2__Error e = PI2__ERROR__INIT;
-    e.code = code;
-    e.message = (char *)why;
-    e.ref_seq = req->seq;
+    Pi2__Error e;
     Pi2__Envelope env;
-    msg_envelope_init(&env, 0, req->session);
-    env.body_case = PI2__ENVELOPE__BODY_ERROR;
-    env.error = &e;
+    msg_error_init(&env, &e, 0, req->session, code, why, req->seq);
     worker_link_send(w->link, &env);
 }
 

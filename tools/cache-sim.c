@@ -14,7 +14,6 @@
 
 #define MAX_TRACES 16
 #define MAX_SIZES 16
-#define STEP_END 0xffffffffu /* cpu-worker/ffn_offload.c's marker */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -28,7 +27,7 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *path;
-    uint32_t *rec; /* (layer, bundle) pairs and (STEP_END, 0) */
+    uint32_t *rec; /* (layer, bundle) pairs and (CACHE_TRACE_STEP_END, 0) */
     size_t n, at;
 } trace;
 
@@ -78,7 +77,7 @@ static void replay(trace *tr, int n_tr, uint32_t n_bundles, cache_sim *s, uint64
         more = false;
         for (int i = 0; i < n_tr; i++) {
             trace *t = &tr[i];
-            while (t->at < t->n && t->rec[t->at] != STEP_END) {
+            while (t->at < t->n && t->rec[t->at] != CACHE_TRACE_STEP_END) {
                 *hits += cache_sim_ref(s, (uint64_t)t->rec[t->at] * n_bundles + t->rec[t->at + 1]);
                 ++*refs;
                 t->at += 2;
@@ -109,7 +108,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < n_tr && !rc; k++) {
         rc = read_trace(&tr[k], argv[i + k]);
         for (size_t r = 0; !rc && r < tr[k].n; r += 2) {
-            if (tr[k].rec[r] == STEP_END) continue;
+            if (tr[k].rec[r] == CACHE_TRACE_STEP_END) continue;
             if (tr[k].rec[r] >= 1u << 16) { log_error("%s: record %zu names layer %u", tr[k].path, r / 2, tr[k].rec[r]); rc = -1; }
             if (tr[k].rec[r] >= n_layer) n_layer = tr[k].rec[r] + 1;
             if (tr[k].rec[r + 1] >= n_bundles) n_bundles = tr[k].rec[r + 1] + 1;

@@ -11,6 +11,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The trace format (PI2_BUNDLE_TRACE, cpu-worker/ffn_offload.c): pairs of
+ * uint32 (layer, bundle), each layer step ended by (CACHE_TRACE_STEP_END, 0). */
+#define CACHE_TRACE_STEP_END 0xffffffffu
+
 typedef enum { CACHE_SIM_LRU, CACHE_SIM_CLOCK } cache_sim_policy;
 
 typedef struct cache_sim cache_sim;

@@ -17,6 +17,17 @@ void msg_envelope_init(Pi2__Envelope *env, uint64_t seq, uint64_t session) {
     env->session = session;
 }
 
+void msg_error_init(Pi2__Envelope *env, Pi2__Error *e, uint64_t seq, uint64_t session, Pi2__ErrorCode code,
+                    const char *text, uint64_t ref_seq) {
+    pi2__error__init(e);
+    e->code = code;
+    e->message = (char *)text;
+    e->ref_seq = ref_seq;
+    msg_envelope_init(env, seq, session);
+    env->body_case = PI2__ENVELOPE__BODY_ERROR;
+    env->error = e;
+}
+
 /* The body pointer of the oneof member that is set; NULL if none. All members share the union. */
 static const void *body_ptr(const Pi2__Envelope *env) {
     return env->body_case == PI2__ENVELOPE__BODY__NOT_SET ? NULL : (const void *)env->register_;

@@ -59,6 +59,10 @@ static inline ffn_mode ffn_mode_from_wire(Pi2__FfnMode wire, ffn_mode if_unspeci
 
 /* Initialises an Envelope with the current version; the caller sets body_case and the body. */
 void msg_envelope_init(Pi2__Envelope *env, uint64_t seq, uint64_t session);
+/* env an Error (e, filled here) with code and text, answering the message
+ * whose seq is ref_seq (0: none); text must outlive env. */
+void msg_error_init(Pi2__Envelope *env, Pi2__Error *e, uint64_t seq, uint64_t session, Pi2__ErrorCode code,
+                    const char *text, uint64_t ref_seq);
 
 /* Packs env into buf[0..cap). Returns 0 and sets *len, or -1 if the Envelope has no body or
  * does not fit. */

@@ -1,6 +1,6 @@
 /* The neuron cache's counts under a memory budget (docs/offload.md,
  * "Statistics"). Each cpu-worker adds its counts (cpu-worker/ffn_offload.h)
- * to its row of the control block after every FFN layer step; `pi2 status`
+ * to its row of the control block after every task it runs; `pi2 status`
  * shows them, and the coordinator sends a generation's difference to the
  * client in GenerateDone. */
 #ifndef PI2_STACK_OFFLOAD_STATS_H

@@ -132,12 +132,16 @@ static int32_t new_op(uring_reader *r) {
     return i;
 }
 
-/* Hands the job back; its record is free first, so done may queue more. */
-static void finish(uring_reader *r, int32_t i, int32_t result) {
-    op o = r->ops[i];
+static void release_op(uring_reader *r, int32_t i) {
     r->ops[i].next_free = r->free_op;
     r->free_op = i;
     r->live--;
+}
+
+/* Hands the job back; its record is free first, so done may queue more. */
+static void finish(uring_reader *r, int32_t i, int32_t result) {
+    op o = r->ops[i];
+    release_op(r, i);
     o.job->result = result;
     o.done(o.ctx, o.job);
 }
@@ -152,9 +156,7 @@ int uring_reader_queue(uring_reader *r, io_job *job, io_done_fn done, void *ctx)
         return 0;
     }
     if (enqueue(r, i)) {
-        r->ops[i].next_free = r->free_op;
-        r->free_op = i;
-        r->live--;
+        release_op(r, i);
         return -ENOMEM;
     }
     return 0;
