@@ -54,6 +54,8 @@ struct decoder {
     act_vec pred_conv;
     int index;                    /* this worker's number: its share of the predictor's first stage */
     ffn_offload *offload;         /* under a memory budget: the FFN rows come from the neuron cache */
+    float *ahead_hidden;          /* [predictor max rank]: the predictor's first stage on a layer's input, when
+                                   * the offloaded FFN asks for its bundles ahead (NULL: it does not) */
     offload_tally published;      /* its counts as last added to the ctl row */
     char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
@@ -203,6 +205,26 @@ static void own_hidden_rows(const decoder *d, int l, long *r0, long *r1) {
     pool_split(predictor_rank(d->pred, l), d->index, d->n_workers, r0, r1);
 }
 
+/* Under a budget, before attention: the predictor on the layer's input
+ * (x before attention, which attention changes little) names the neurons
+ * likely to fire, and their missing bundles are read while attention runs
+ * (ffn_offload_prefetch). Private buffers only: the other workers are in
+ * their own attention. d->xb and d->pred_conv are overwritten later. */
+static void step_prefetch(decoder *d, const decode_step *s) {
+    const model *m = d->m;
+    const int l = s->layer;
+    const float *x = d->x_layers + (size_t)l * m->n_embd;
+    const float *ffn_in = NULL;
+    if (predictor_get_input(d->pred) == PREDICTOR_INPUT_FFN_NORM_OUT) {
+        rmsnorm(d->xb, x, m->layers[l].ffn_norm, m->n_embd, m->rms_eps);
+        ffn_in = d->xb;
+    }
+    predictor_prepare(d->pred, l, x, ffn_in, d->ahead_hidden, &d->pred_conv);
+    const ffn_layer f = {.m = m, .k = d->k, .layer = l, .mode = FFN_PREDICTOR, .pred = d->pred,
+                         .pred_hidden = &d->pred_conv};
+    ffn_offload_prefetch(d->offload, &f, s->chunks, s->n_chunks, d->pool, d->scratch);
+}
+
 /* A: own Q/K/V rows, RoPE, KV store, attention for own query heads -> att_out. */
 static void step_attention(decoder *d, const decode_step *st) {
     const int l = st->layer, pos = st->pos;
@@ -328,6 +350,8 @@ int decoder_run(decoder *d, const decode_step *s) {
         return 0;
     }
     bool chunked = decoder_ffn_chunked(d, s->mode);
+    if (d->ahead_hidden && s->mode == FFN_PREDICTOR) step_prefetch(d, s);
+    phase_clock_lap(&d->clock, PHASE_PREFETCH);
     step_attention(d, s);
     if (barrier(d, s->epoch, PHASE_ATTENTION)) return -1;
     step_attn_output(d, layer);
@@ -361,6 +385,12 @@ void decoder_publish_stats(decoder *d, offload_counters *out) {
 }
 
 static void log_offload_stats(const decoder *d, const char *who) {
+    const ffn_prefetch_tally a = *ffn_offload_get_prefetch_stats(d->offload);
+    if (a.asked)
+        log_info("%s asked ahead for %llu bundles: %.1f%% of them needed and there in time, %.1f%% needed and "
+                 "still being read, %.1f%% not needed",
+                 who, (unsigned long long)a.asked, 100.0 * a.landed / a.asked, 100.0 * a.late / a.asked,
+                 100.0 * (a.asked - a.landed - a.late) / a.asked);
     const offload_tally t = *ffn_offload_get_stats(d->offload);
     const offload_rates r = offload_tally_rates(&t);
     log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.1f bundles, %.3f MB "
@@ -404,6 +434,12 @@ static int build_down_t(decoder *d) {
     return 0;
 }
 
+/* PI2_PREFETCH=0 turns off asking for a layer's bundles before its attention (to measure what it gains). */
+static bool ahead_wanted(void) {
+    const char *env = getenv("PI2_PREFETCH");
+    return !env || strcmp(env, "0") != 0;
+}
+
 static int sparse_setup(decoder *d, const char *runid, const char *name) {
     const model *m = d->m;
     const stack_ctl *ctl = d->sv->ctl;
@@ -431,6 +467,7 @@ static int sparse_setup(decoder *d, const char *runid, const char *name) {
     }
     d->pred_conv.f16 = calloc_flagged((size_t)wide, sizeof(uint16_t), &bad);
     d->pred_conv.q8 = calloc_flagged((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
+    if (d->offload && ahead_wanted()) d->ahead_hidden = calloc_flagged((size_t)rank, sizeof(float), &bad);
     if (bad) log_error("out of memory allocating the predictor's buffers");
     return bad ? -1 : 0;
 }
@@ -501,7 +538,7 @@ void decoder_free(decoder *d) {
     free(d->down_t);
     predictor_free(d->pred);
     ffn_offload_free(d->offload);
-    free(d->pred_conv.f16); free(d->pred_conv.q8);
+    free(d->pred_conv.f16); free(d->pred_conv.q8); free(d->ahead_hidden);
     if (d->scratch)
         for (int t = 0; t < d->n_threads; t++) ffn_scratch_free(&d->scratch[t]);
     free(d->scratch);

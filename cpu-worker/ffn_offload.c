@@ -34,7 +34,9 @@ struct ffn_offload {
     ncache *cache;
     bus_ctx *ctx;
     bus_socket *sock;
-    uint64_t seq, batch_id;
+    uint64_t seq, batch_id;      /* the last batch sent */
+    uint64_t awaited;            /* the batch whose answer the FFN step waits for */
+    uint64_t ahead_batch;        /* the batch asked for ahead of this layer, while unanswered; else 0 */
     msg_limits lim;
     /* one layer's working state */
     int32_t *at;                 /* [n_ff]: the neurons' places (ffn_rows.at) */
@@ -46,6 +48,11 @@ struct ffn_offload {
     uint32_t *touched, *missing; /* [n_bundles] */
     int n_pins, n_touched, n_missing;
     int32_t *ready, *waiting;    /* [n_chunks]: chunk ids */
+    /* bundles asked for ahead (ffn_offload_prefetch) for the layer about to run */
+    uint8_t *asked;              /* [n_bundles]: 1 if in ahead[] */
+    uint32_t *ahead;             /* [n_bundles] */
+    int n_ahead;
+    ffn_prefetch_tally prefetch;
     ffn_rows rows;               /* how the kernels address the rows found (at[] filled per layer) */
     long compute_delay_us;       /* PI2_CHUNK_DELAY: a sleep after each batch of chunks, pins held (tests) */
     offload_tally stats;
@@ -137,6 +144,8 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     o->missing = calloc_flagged(n_b, sizeof *o->missing, &bad);
     o->ready = calloc_flagged(n_c, sizeof *o->ready, &bad);
     o->waiting = calloc_flagged(n_c, sizeof *o->waiting, &bad);
+    o->asked = calloc_flagged(n_b, sizeof *o->asked, &bad);
+    o->ahead = calloc_flagged(n_b, sizeof *o->ahead, &bad);
     if (bad) {
         log_error("out of memory for the neuron cache's working state");
         goto fail;
@@ -166,11 +175,13 @@ void ffn_offload_free(ffn_offload *o) {
     shm_detach(o->seg);
     if (o->trace) fclose(o->trace);
     free(o->at); free(o->sel_idx); free(o->sel_gate); free(o->sel_n); free(o->bundle_at);
-    free(o->touched); free(o->missing); free(o->ready); free(o->waiting);
+    free(o->touched); free(o->missing); free(o->ready); free(o->waiting); free(o->asked); free(o->ahead);
     free(o);
 }
 
 const offload_tally *ffn_offload_get_stats(const ffn_offload *o) { return &o->stats; }
+
+const ffn_prefetch_tally *ffn_offload_get_prefetch_stats(const ffn_offload *o) { return &o->prefetch; }
 
 /* ---- selection: every chunk's neurons, the pool's threads splitting the chunks ---- */
 
@@ -221,11 +232,19 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     ncache_ref ref;
     const uint8_t *p = ncache_pin(o->cache, (uint32_t)l, 0, b, &ref);
     if (!p) {
+        o->prefetch.late += count && o->asked[b];
+        o->stats.read_ahead += count && o->asked[b];
         o->missing[o->n_missing++] = b;
         return o->bundle_at[b] = MISSING;
     }
     o->pins[o->n_pins++] = (uint32_t)ref.slot + 1; /* logged once pinned: a kill before this leaks one pin */
-    o->stats.cold_hits += count;
+    if (o->asked[b]) { /* read for this step, ahead of it: a read, not a hit */
+        o->stats.misses += count;
+        o->stats.read_ahead += count;
+        o->prefetch.landed += count;
+    } else {
+        o->stats.cold_hits += count;
+    }
     return o->bundle_at[b] = p - o->base;
 }
 
@@ -318,12 +337,13 @@ static void compute_landed(ffn_offload *o, job *j, int32_t *waiting, int *n_wait
 
 /* ---- the misses, read by the io-worker ---- */
 
-static int send_load(ffn_offload *o, int l) {
+/* Asks the io-worker for layer l's bundles[0..n) as batch ++batch_id. */
+static int send_load(ffn_offload *o, int l, uint32_t *bundles, int n) {
     Pi2__BundleLoad body = PI2__BUNDLE_LOAD__INIT;
     body.batch_id = ++o->batch_id;
     body.layer = (uint32_t)l;
-    body.n_bundles = (size_t)o->n_missing;
-    body.bundles = o->missing;
+    body.n_bundles = (size_t)n;
+    body.bundles = bundles;
     Pi2__Envelope env;
     msg_envelope_init(&env, ++o->seq, 0);
     env.body_case = PI2__ENVELOPE__BODY_BUNDLE_LOAD;
@@ -345,7 +365,50 @@ static bool io_worker_alive(stack_ctl *ctl, int32_t *pid) {
     return same && clock_ms() - atomic_load(&r->heartbeat_ms) < IO_PATIENCE_MS;
 }
 
-/* Waits for the answer to batch o->batch_id, computing the waiting chunks
+enum { REPLY_OTHER = -2 };
+
+/* One message from the io-worker: 0 the answer to batch o->awaited, -1 an
+ * error (err), REPLY_OTHER anything else. Every BundleLoaded adds its bytes.
+ * The failures of a batch asked for ahead are not reported: a bundle it could
+ * not read is missed again, and a batch of the step's own reads it or fails. */
+static int take_reply(ffn_offload *o, const struct bus_msg *bm, char *err, size_t errlen) {
+    if (bm->type != PI2_BUS_MSG) return REPLY_OTHER;
+    char why[256];
+    Pi2__Envelope *env = msg_unpack(bm->data, bm->len, why, sizeof why);
+    if (!env) return REPLY_OTHER;
+    int rc = REPLY_OTHER;
+    if (msg_validate(env, &o->lim, why, sizeof why)) {
+        log_warn("dropped a message from the io-worker: %s", why);
+    } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOADED) {
+        const Pi2__BundleLoaded *r = env->bundle_loaded;
+        o->stats.bytes_read += r->bytes;
+        const bool ahead = r->batch_id == o->ahead_batch;
+        if (ahead) o->ahead_batch = 0;
+        if (ahead && r->error && *r->error) log_debug("a batch asked for ahead: %s", r->error);
+        if (r->batch_id == o->awaited) {
+            rc = 0;
+            if (r->error && *r->error && !ahead) { /* what the ahead batch failed to read is asked for again */
+                snprintf(err, errlen, "%s", r->error);
+                rc = -1;
+            }
+        }
+    } else if (env->body_case == PI2__ENVELOPE__BODY_ERROR) {
+        snprintf(err, errlen, "the io-worker refused a BundleLoad: %s", env->error->message);
+        rc = -1;
+    }
+    msg_free(env);
+    return rc;
+}
+
+/* Counts the answers that came in to batches nobody waits for (asked for ahead). */
+static void drain_replies(ffn_offload *o) {
+    struct bus_msg bm;
+    char err[512];
+    while (bus_recv(o->sock, &bm, 0) == BUS_OK)
+        if (take_reply(o, &bm, err, sizeof err) == -1) log_warn("an io-worker reply nobody waited for: %s", err);
+}
+
+/* Waits for the answer to batch o->awaited, computing the waiting chunks
  * as their bundles land (the io-worker publishes each as it is read). 0 when
  * answered (bundles that found no slot are missed again next round); 1
  * abandoned (epoch); -1 with err (the io-worker's error). A lost io-worker
@@ -361,41 +424,67 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
         if ((uint32_t)atomic_load(&ctl->epoch) != epoch || proc_stop) return 1;
         struct bus_msg bm;
         const int rc = bus_recv(o->sock, &bm, *n_waiting ? POLL_MS : 100);
-        if (rc != BUS_OK && *n_waiting) {
+        if (rc == BUS_OK) {
+            const int done = take_reply(o, &bm, err, errlen);
+            if (done != REPLY_OTHER) return done;
+            continue;
+        }
+        if (*n_waiting) {
             const uint64_t c0 = clock_us();
             compute_landed(o, j, waiting, n_waiting);
             o->landed_us += clock_us() - c0;
         }
-        if (rc == BUS_OK && bm.type == PI2_BUS_MSG) {
-            char why[256];
-            Pi2__Envelope *env = msg_unpack(bm.data, bm.len, why, sizeof why);
-            if (!env) continue;
-            int done = -2;
-            if (msg_validate(env, &o->lim, why, sizeof why)) {
-                log_warn("dropped a message from the io-worker: %s", why);
-            } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOADED &&
-                       env->bundle_loaded->batch_id == o->batch_id) {
-                const Pi2__BundleLoaded *r = env->bundle_loaded;
-                o->stats.bytes_read += r->bytes;
-                done = 0;
-                if (r->error && *r->error) {
-                    snprintf(err, errlen, "%s", r->error);
-                    done = -1;
-                }
-            } else if (env->body_case == PI2__ENVELOPE__BODY_ERROR) {
-                snprintf(err, errlen, "the io-worker refused a BundleLoad: %s", env->error->message);
-                done = -1;
-            }
-            msg_free(env);
-            if (done != -2) return done;
-            continue;
-        }
         if (clock_ms() - sent > IO_PATIENCE_MS && !io_worker_alive(ctl, &pid)) {
             log_warn("layer %d: the io-worker did not answer %d missing bundles (restarted?); asking again", l,
                      o->n_missing);
-            if (send_load(o, l) == 0) sent = clock_ms();
+            if (send_load(o, l, o->missing, o->n_missing) == 0) {
+                sent = clock_ms();
+                o->awaited = o->batch_id;
+            }
         }
     }
+}
+
+/* ---- asking ahead ---- */
+
+static void forget_ahead(ffn_offload *o) {
+    for (int i = 0; i < o->n_ahead; i++) o->asked[o->ahead[i]] = 0;
+    o->n_ahead = 0;
+}
+
+void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
+                          ffn_scratch *scratch) {
+    const int l = f->layer;
+    const offload *off = o->off;
+    drain_replies(o);
+    forget_ahead(o);
+    job j = {.o = o, .pool = pool, .f = f, .scratch = scratch};
+    run_job(&j, select_worker, chunks, n_chunks);
+    for (int i = 0; i < n_chunks; i++) {
+        long n0, n1;
+        ffn_chunk_range(o->m, chunks[i], &n0, &n1);
+        for (int k = 0; k < o->sel_n[chunks[i]]; k++) {
+            const uint32_t b = (uint32_t)(position(o, l, o->sel_idx[n0 + k]) / off->per_bundle);
+            if (b < off->plan->hot_bundles[l] || o->asked[b] || ncache_contains(o->cache, (uint32_t)l, 0, b)) continue;
+            o->asked[b] = 1;
+            o->ahead[o->n_ahead++] = b;
+        }
+    }
+    o->prefetch.asked += (uint64_t)o->n_ahead;
+    o->ahead_batch = 0;
+    if (o->n_ahead && send_load(o, l, o->ahead, o->n_ahead))
+        log_warn("layer %d: cannot ask the io-worker ahead for %d bundles: %s", l, o->n_ahead, bus_last_error());
+    else if (o->n_ahead)
+        o->ahead_batch = o->batch_id;
+}
+
+/* Whether every miss is in the batch asked for ahead, still unanswered (its
+ * answer then says when they all landed, or which found no slot). */
+static bool all_asked_ahead(const ffn_offload *o) {
+    if (!o->ahead_batch) return false;
+    for (int i = 0; i < o->n_missing; i++)
+        if (!o->asked[o->missing[i]]) return false;
+    return true;
 }
 
 int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials,
@@ -403,6 +492,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
     const int l = f->layer;
     const uint64_t t0 = clock_us();
     f->rows = &o->rows;
+    drain_replies(o);
     job j = {.o = o, .pool = pool, .f = f, .scratch = scratch, .partials = partials};
     if (l == 0) o->stats.tokens++;
     o->stats.layers++;
@@ -426,11 +516,16 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         }
         if (round == 0) o->stats.misses += (uint64_t)o->n_missing;
         if (round == 0 && o->trace) trace_step(o, l);
-        if (o->n_missing > 0 && send_load(o, l)) {
-            snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
-            release(o);
-            rc = -1;
-            break;
+        if (o->n_missing > 0 && all_asked_ahead(o)) {
+            o->awaited = o->ahead_batch; /* every miss is in that batch: no message of our own */
+        } else if (o->n_missing > 0) {
+            if (send_load(o, l, o->missing, o->n_missing)) {
+                snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
+                release(o);
+                rc = -1;
+                break;
+            }
+            o->awaited = o->batch_id;
         }
         compute(o, &j, o->ready, n_ready);
         release(o);
@@ -443,6 +538,8 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         n_todo = n_waiting;
     }
     f->rows = NULL;
+    forget_ahead(o);
+    o->ahead_batch = 0; /* its answer, if it is still to come, is only counted */
     o->stats.ffn_us += clock_us() - t0;
     return rc;
 }

@@ -32,8 +32,25 @@ void ffn_offload_free(ffn_offload *o);
 int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_chunks, float *partials,
                     threadpool *pool, ffn_scratch *scratch, uint32_t epoch, char *err, size_t errlen);
 
+/* Before layer f->layer's attention (predictor mode): f's predictor, run on
+ * the layer's input as f->pred_hidden holds it, names the neurons of
+ * chunks[0..n_chunks) likely to fire, and the io-worker is asked for their
+ * bundles that are neither hot nor cached, without waiting: the disk reads
+ * them while attention runs. The FFN step still selects from its own input,
+ * so the tokens do not depend on this guess; a bundle it asked for counts as
+ * read in the step's statistics, not as a hit. */
+void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
+                          ffn_scratch *scratch);
+
+typedef struct {
+    uint64_t asked;  /* bundles asked for ahead */
+    uint64_t landed; /* of them, needed by the FFN step and there when it looked */
+    uint64_t late;   /* needed, and still being read when it looked */
+} ffn_prefetch_tally;
+
 /* This worker's running counts. */
 const offload_tally *ffn_offload_get_stats(const ffn_offload *o);
+const ffn_prefetch_tally *ffn_offload_get_prefetch_stats(const ffn_offload *o);
 
 /* PI2_CHUNK_DELAY (a slow core, for tests): a sleep after each batch of chunks, their pins held. */
 void ffn_offload_set_compute_delay(ffn_offload *o, long us);

@@ -28,7 +28,9 @@ static void usage(FILE *f) {
     worker_args_help(f, 1, "task");
     fputs("  PI2_CHUNK_DELAY=I:N  worker I sleeps N us after each batch of its own FFN chunks (a slow core:\n"
           "                       the others take its remaining chunks)\n"
-          "  PI2_PHASE_TIMES=1    log the decode time per step and barrier at exit\n",
+          "  PI2_PHASE_TIMES=1    log the decode time per step and barrier at exit\n"
+          "  PI2_PREFETCH=0       under a memory budget, do not ask for a layer's predicted misses before\n"
+          "                       its attention (they are then asked for when its FFN step selects them)\n",
           f);
 }
 

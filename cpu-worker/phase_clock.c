@@ -8,7 +8,7 @@
 #include "util/log.h"
 
 static const char *const phase_names[PHASE_COUNT] = {
-    "attention", "wait", "attn-out", "wait", "pred-hidden", "wait", "ffn", "wait", "ffn-out", "wait", "output",
+    "prefetch", "attention", "wait", "attn-out", "wait", "pred-hidden", "wait", "ffn", "wait", "ffn-out", "wait", "output",
 };
 
 void phase_clock_init(phase_clock *c) {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 typedef enum {
+    PHASE_PREFETCH,       /* under a budget: the predictor on the layer's input, its misses asked for ahead */
     PHASE_ATTENTION,      /* A: Q/K/V rows, RoPE, KV store, attention */
     PHASE_WAIT_ATTENTION,
     PHASE_ATTN_OUT,       /* B: output projection + residual */

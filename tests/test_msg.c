@@ -256,8 +256,8 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         pi2__generate_done__init(&f->gd);
         f->gd.n_prompt = 5, f->gd.n_generated = 48, f->gd.prompt_ms = 1.5, f->gd.decode_ms = 80.25;
         f->gd.status = PI2__GENERATE_STATUS__GEN_LENGTH;
-        f->gd.offload = msg_offload_stats(&f->os, &(offload_tally){47, 47 * 32, 9000, 3000, 1040, 1040 * 12288,
-                                                                   20000, 70000});
+        f->gd.offload = msg_offload_stats(&f->os, &(offload_tally){47, 47 * 32, 9000, 3000, 1040, 900,
+                                                                   1040 * 12288, 20000, 70000});
         f->env.generate_done = &f->gd;
         break;
     case PI2__ENVELOPE__BODY_PROMPT_PROGRESS:
@@ -346,7 +346,7 @@ static void test_round_trip(void) {
     const offload_tally ot = e && e->generate_done->offload ? msg_offload_tally(e->generate_done->offload)
                                                             : (offload_tally){0};
     CHECK(ot.tokens == 47 && ot.layers == 47 * 32 && ot.hot == 9000 && ot.cold_hits == 3000 && ot.misses == 1040 &&
-              ot.bytes_read == 1040 * 12288 && ot.wait_us == 20000 && ot.ffn_us == 70000,
+              ot.read_ahead == 900 && ot.bytes_read == 1040 * 12288 && ot.wait_us == 20000 && ot.ffn_us == 70000,
           "GenerateDone.offload fields");
     msg_free(e);
     CHECK(!strcmp(msg_body_name(PI2__ENVELOPE__BODY_DECODE_TASK), "DecodeTask"), "body name");
@@ -493,6 +493,7 @@ static const char *break_rule(int i, fixture *f) {
     case 113: SET(GENERATE_QUEUED); f->gq.ahead = 0; return "GenerateQueued.ahead = 0 is not in 1..4096";
     case 114: SET(GENERATE_QUEUED); f->gq.ahead = MSG_MAX_AHEAD + 1; return "GenerateQueued.ahead = 4097";
     case 115: SET(GENERATE_QUEUED); f->gq.waited_ms = -1; return "GenerateQueued.waited_ms = -1";
+    case 116: SET(GENERATE_DONE); f->os.read_ahead = 1041; return "GenerateDone.offload.read_ahead = 1041 > misses 1040";
     default: return NULL;
     }
 }

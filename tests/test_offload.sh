@@ -9,6 +9,9 @@
 #     `pi2 status` shows each cpu-worker's neuron cache and the client's
 #     timing line the generation's hit rate and MB read per token (more than
 #     0 under 100 %); the unbudgeted stack shows neither;
+#   - asking ahead: under a budget some reads are asked for before the
+#     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
+#     and the text is the same;
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
@@ -61,19 +64,23 @@ else
     skip "memory caps (need root and cgroup v1 at $CG_ROOT; budgets run uncapped)"
 fi
 
-# cache_stats PCT RUN: the client's timing line (in out-PCT.txt.err) adds the
-# generation's hit rate and MB read per token, `pi2 status` a row of numbers
-# per cpu-worker (tokens, hot/cold/read %, bundles, MB, per token, I/O wait %,
-# ms per layer); under 100 % something was read
+# cache_stats PCT RUN [noahead]: the client's timing line (in out-PCT[-noahead].txt.err) adds the
+# generation's hit rate and MB read per token, `pi2 status` a row of numbers per cpu-worker (tokens,
+# hot/cold/read %, the share of the reads asked for ahead, bundles, MB, per token, I/O wait %, ms per
+# layer); under 100 % something was read, and (unless noahead) some of it asked for before attention
 cache_stats() {
-    local reads=1
+    local reads=1 ahead=1 what="at $1 %" out="$TMP/out-$1.txt.err"
     [ "$1" = 100 ] && reads=0
+    if [ "${3:-}" = noahead ]; then ahead=0 what="at $1 % without asking ahead" out="$TMP/out-$1-noahead.txt.err"; fi
     sed -n 's/.*generated: [0-9]* tokens in [0-9.]* s .*; neuron cache: \([0-9.]*\)% hits, \([0-9.]*\) MB read per token$/\1 \2/p' \
-        "$TMP/out-$1.txt.err" | awk -v reads=$reads '$1 >= 0 && $1 <= 100 && (!reads || $2 > 0) { ok = 1 } END { exit !ok }'
-    check "at $1 %: the client's timing line gives the hit rate and MB read per token" $?
-    "$PI2" status -r "$2" | awk -v reads=$reads '$1 ~ /^cpu-worker\.[0-9]+:$/ && NF == 11 && $2 > 0 &&
-        $3 + $4 + $5 > 99.8 && (!reads || ($6 > 0 && $7 > 0 && $9 > 0)) && $11 > 0 { n++ } END { exit n != 2 }'
-    check "at $1 %: pi2 status shows each cpu-worker's neuron cache" $?
+        "$out" | awk -v reads=$reads '$1 >= 0 && $1 <= 100 && (!reads || $2 > 0) { ok = 1 } END { exit !ok }'
+    check "$what: the client's timing line gives the hit rate and MB read per token" $?
+    "$PI2" status -r "$2" | awk -v reads=$reads '$1 ~ /^cpu-worker\.[0-9]+:$/ && NF == 12 && $2 > 0 &&
+        $3 + $4 + $5 > 99.8 && (!reads || ($7 > 0 && $8 > 0 && $10 > 0)) && $12 > 0 { n++ } END { exit n != 2 }'
+    check "$what: pi2 status shows each cpu-worker's neuron cache" $?
+    "$PI2" status -r "$2" | awk -v ahead=$((reads && ahead)) '$1 ~ /^cpu-worker\.[0-9]+:$/ && (ahead ? $6 > 0 : $6 == 0) {
+        n++ } END { exit n != 2 }'
+    check "$what: pi2 status shows $( ((reads && ahead)) && echo "reads asked for ahead" || echo "no read asked for ahead")" $?
 }
 
 budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
@@ -105,6 +112,22 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     LAST_RUN=$run LAST_CG=$cg
 }
 for pct in 100 60 50; do budgeted "$pct"; done
+
+# PI2_PREFETCH=0: no reads before attention; the same text (the guess never decides what is computed)
+new_run RN
+cg=""
+if ((can_cap)); then
+    cg=$CG_ROOT/pi2-$RN
+    mkdir "$cg" && echo $(((SIZE * 60 / 100 / 1048576) << 20)) >"$cg/memory.limit_in_bytes"
+    sync && echo 3 >/proc/sys/vm/drop_caches
+fi
+PI2_PREFETCH=0 in_cg "$cg" "$PI2" up -r "$RN" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-60" >/dev/null 2>&1
+generate "$RN" "$TMP/out-60-noahead.txt" "$cg"
+cmp -s "$TMP/ref.txt" "$TMP/out-60-noahead.txt"
+check "at 60 % without asking ahead (PI2_PREFETCH=0) the text equals the unbudgeted run's" $?
+cache_stats 60 "$RN" noahead
+"$PI2" down -r "$RN" >/dev/null 2>&1
+[ -n "$cg" ] && rmdir "$cg" 2>/dev/null
 
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN

@@ -154,8 +154,8 @@ static void print_slot_census(const char *runid) {
  * totals, shares of them, and averages per token and per layer step. */
 static void print_offload(const stack_ctl *ctl) {
     printf("neuron cache (since start; per token and per layer: averages):\n");
-    printf("  %-14s %8s %6s %6s %6s %12s %10s %11s %8s %8s %12s\n", "worker", "tokens", "hot%", "cold%", "read%",
-           "read_bundles", "read_MB", "bundles/tok", "MB/tok", "io_wait%", "ffn_ms/layer");
+    printf("  %-14s %8s %6s %6s %6s %6s %12s %10s %11s %8s %8s %12s\n", "worker", "tokens", "hot%", "cold%", "read%",
+           "ahead%", "read_bundles", "read_MB", "bundles/tok", "MB/tok", "io_wait%", "ffn_ms/layer");
     for (int i = 0; i < STACK_MAX_PROCS; i++) {
         const proc_row *row = &ctl->procs[i];
         if (strncmp(row->name, "cpu-worker.", strlen("cpu-worker."))) continue;
@@ -163,8 +163,9 @@ static void print_offload(const stack_ctl *ctl) {
         const offload_rates r = offload_tally_rates(&t);
         char who[sizeof row->name + 2];
         snprintf(who, sizeof who, "%.*s:", (int)sizeof row->name, row->name); /* not a process-table row */
-        printf("  %-14s %8llu %6.1f %6.1f %6.1f %12llu %10.1f %11.1f %8.3f %8.1f %12.3f\n", who,
-               (unsigned long long)t.tokens, 100 * r.hot, 100 * r.cold, 100 * r.read, (unsigned long long)t.misses,
+        printf("  %-14s %8llu %6.1f %6.1f %6.1f %6.1f %12llu %10.1f %11.1f %8.3f %8.1f %12.3f\n", who,
+               (unsigned long long)t.tokens, 100 * r.hot, 100 * r.cold, 100 * r.read, 100 * r.ahead,
+               (unsigned long long)t.misses,
                t.bytes_read / 1e6, r.bundles_per_token, r.bytes_per_token / 1e6, 100 * r.wait_share, r.ms_per_layer);
     }
 }

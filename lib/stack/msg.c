@@ -94,13 +94,15 @@ const char *msg_body_name(Pi2__Envelope__BodyCase body) {
 Pi2__OffloadStats *msg_offload_stats(Pi2__OffloadStats *out, const offload_tally *t) {
     pi2__offload_stats__init(out);
     out->tokens = t->tokens, out->layers = t->layers;
-    out->hot = t->hot, out->cold_hits = t->cold_hits, out->misses = t->misses;
+    out->hot = t->hot, out->cold_hits = t->cold_hits, out->misses = t->misses, out->read_ahead = t->read_ahead;
     out->bytes_read = t->bytes_read, out->wait_us = t->wait_us, out->ffn_us = t->ffn_us;
     return out;
 }
 
 offload_tally msg_offload_tally(const Pi2__OffloadStats *s) {
-    return (offload_tally){s->tokens, s->layers, s->hot, s->cold_hits, s->misses, s->bytes_read, s->wait_us, s->ffn_us};
+    return (offload_tally){.tokens = s->tokens, .layers = s->layers, .hot = s->hot, .cold_hits = s->cold_hits,
+                           .misses = s->misses, .read_ahead = s->read_ahead, .bytes_read = s->bytes_read,
+                           .wait_us = s->wait_us, .ffn_us = s->ffn_us};
 }
 
 uint64_t msg_cluster_neurons(const Pi2__NeuronCluster *c) {
@@ -591,6 +593,8 @@ static int check_offload(const vctx *v, const Pi2__OffloadStats *o) {
         return fail(v, "%s.wait_us = %" PRIu64 " > ffn_us %" PRIu64, p, o->wait_us, o->ffn_us);
     if (o->cold_hits > UINT64_MAX - o->hot || o->misses > UINT64_MAX - o->hot - o->cold_hits)
         return fail(v, "%s: hot + cold_hits + misses overflows", p);
+    if (o->read_ahead > o->misses)
+        return fail(v, "%s.read_ahead = %" PRIu64 " > misses %" PRIu64, p, o->read_ahead, o->misses);
     return 0;
 }
 

@@ -1,14 +1,16 @@
 /* The neuron cache's counts (offload_stats.h). */
 #include "stack/offload_stats.h"
 
-/* ffn_us before wait_us, layers before tokens: a reader taking them in the
- * other order never sees more waiting than FFN time, or more tokens than layers. */
+/* ffn_us before wait_us, layers before tokens, misses before read_ahead: a
+ * reader taking them in the other order never sees more waiting than FFN
+ * time, more tokens than layers, or more reads asked ahead than reads. */
 void offload_counters_add(offload_counters *c, const offload_tally *t) {
     atomic_fetch_add(&c->layers, t->layers);
     atomic_fetch_add(&c->tokens, t->tokens);
     atomic_fetch_add(&c->hot, t->hot);
     atomic_fetch_add(&c->cold_hits, t->cold_hits);
     atomic_fetch_add(&c->misses, t->misses);
+    atomic_fetch_add(&c->read_ahead, t->read_ahead);
     atomic_fetch_add(&c->bytes_read, t->bytes_read);
     atomic_fetch_add(&c->ffn_us, t->ffn_us);
     atomic_fetch_add(&c->wait_us, t->wait_us);
@@ -22,6 +24,7 @@ offload_tally offload_counters_read(const offload_counters *c) {
     t.layers = atomic_load(&c->layers);
     t.hot = atomic_load(&c->hot);
     t.cold_hits = atomic_load(&c->cold_hits);
+    t.read_ahead = atomic_load(&c->read_ahead);
     t.misses = atomic_load(&c->misses);
     t.bytes_read = atomic_load(&c->bytes_read);
     return t;
@@ -31,13 +34,19 @@ static uint64_t minus(uint64_t end, uint64_t start) { return end > start ? end -
 
 offload_tally offload_tally_delta(const offload_tally *end, const offload_tally *start) {
     offload_tally d = {
-        minus(end->tokens, start->tokens),       minus(end->layers, start->layers),
-        minus(end->hot, start->hot),             minus(end->cold_hits, start->cold_hits),
-        minus(end->misses, start->misses),       minus(end->bytes_read, start->bytes_read),
-        minus(end->wait_us, start->wait_us),     minus(end->ffn_us, start->ffn_us),
+        .tokens = minus(end->tokens, start->tokens),
+        .layers = minus(end->layers, start->layers),
+        .hot = minus(end->hot, start->hot),
+        .cold_hits = minus(end->cold_hits, start->cold_hits),
+        .misses = minus(end->misses, start->misses),
+        .read_ahead = minus(end->read_ahead, start->read_ahead),
+        .bytes_read = minus(end->bytes_read, start->bytes_read),
+        .wait_us = minus(end->wait_us, start->wait_us),
+        .ffn_us = minus(end->ffn_us, start->ffn_us),
     };
     if (d.wait_us > d.ffn_us) d.wait_us = d.ffn_us;
     if (d.tokens > d.layers) d.tokens = d.layers;
+    if (d.read_ahead > d.misses) d.read_ahead = d.misses;
     return d;
 }
 
@@ -49,6 +58,7 @@ void offload_tally_merge(offload_tally *into, const offload_tally *t) {
     into->hot += t->hot;
     into->cold_hits += t->cold_hits;
     into->misses += t->misses;
+    into->read_ahead += t->read_ahead;
     into->bytes_read += t->bytes_read;
     into->wait_us += t->wait_us;
     into->ffn_us += t->ffn_us;
@@ -62,6 +72,7 @@ offload_rates offload_tally_rates(const offload_tally *t) {
         .hot = ratio((double)t->hot, found),
         .cold = ratio((double)t->cold_hits, found),
         .read = ratio((double)t->misses, found),
+        .ahead = ratio((double)t->read_ahead, t->misses),
         .bundles_per_token = ratio((double)t->misses, t->tokens),
         .bytes_per_token = ratio((double)t->bytes_read, t->tokens),
         .wait_share = ratio((double)t->wait_us, t->ffn_us),

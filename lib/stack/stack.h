@@ -16,7 +16,7 @@
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3034ull /* "PI2CTL04" */
+#define STACK_CTL_MAGIC 0x50493243544c3035ull /* "PI2CTL05" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
