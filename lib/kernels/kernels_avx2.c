@@ -16,10 +16,17 @@ static void dot_f16_rows_avx2(const uint16_t *w, size_t row_stride, int rows, co
 static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
 static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
 
-/* AVX2 has no cheaper multi-row form: the per-block work is all weight-side */
+/* Row after row, each prefetching into L2 the row two ahead as it reads:
+ * the hardware prefetcher alone streamed 2.2 GB/s from memory on an Intel
+ * Xeon (AVX-512 machine, this set forced), 24 % of one thread's read
+ * bandwidth; with it 7.9 (1, 3, 4 or 8 rows ahead: the same within 3 %).
+ * The same bits as the dot: a prefetch changes no sum. AVX2 has no cheaper
+ * multi-row form: the per-block work is all weight-side. */
 static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
-    for (int r = 0; r < nrows; r++)
-        y[r] = dot_q4_0_avx2((const block_q4_0 *)((const char *)w + (size_t)r * row_stride), x, n);
+    for (int r = 0; r < nrows; r++) {
+        const char *row = (const char *)w + (size_t)r * row_stride;
+        y[r] = q4_0_row((const block_q4_0 *)row, x, n, r + 2 < nrows ? row + 2 * row_stride : NULL);
+    }
 }
 
 static void quantize_q8_0_avx2(const float *x, block_q8_0 *y, int n) {
