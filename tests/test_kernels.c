@@ -274,15 +274,19 @@ static void test_quantized_kernels(const kernels *k) {
     }
 }
 
-/* gemv over rows with padding between them equals one reference dot per row,
- * and the same set's dot_q4_0 bit for bit (ops.c mixes the two for Q4_0) */
-static void test_gemv(const kernels *k) {
+/* A gemv over rows with padding between them equals one reference dot per
+ * row, and the same set's dot bit for bit (ops.c mixes the two): Q4_0, and
+ * Q8_0 where the set has a gemv_q8_0. */
+static void test_gemv_type(const kernels *k, enum ggml_type type) {
+    const bool q4 = type == GGML_TYPE_Q4_0;
+    const char *what = q4 ? "gemv_q4_0" : "gemv_q8_0";
+    const size_t block = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     const int row_counts[] = {1, 3, 17, 40, 70}; /* 70: more than one row group of a multi-chunk matrix */
     const int nbs[] = {1, 3, 5, 127, 129, 300, 600}; /* 600: more than one activation chunk */
     for (int ri = 0; ri < COUNT(row_counts); ri++) {
         for (int bi = 0; bi < COUNT(nbs); bi++) {
             const int nrows = row_counts[ri], nb = nbs[bi], n = nb * 32;
-            const size_t stride = (size_t)(nb + ri) * sizeof(block_q4_0); /* ri blocks of padding */
+            const size_t stride = (size_t)(nb + ri) * block; /* ri blocks of padding */
             uint8_t *w = malloc(stride * (size_t)nrows);
             float *row = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(nrows + 1));
             float *wd = malloc(sizeof(float) * (size_t)n), *xd = malloc(sizeof(float) * (size_t)n);
@@ -294,24 +298,27 @@ static void test_gemv(const kernels *k) {
             memset(w, 0xee, stride * (size_t)nrows);
             for (int r = 0; r < nrows; r++) {
                 rng_fill(row, n);
-                quantize_row_q4_0_ref(row, (block_q4_0 *)(w + (size_t)r * stride), n);
+                if (q4) quantize_row_q4_0_ref(row, (block_q4_0 *)(w + (size_t)r * stride), n);
+                else quantize_row_q8_0_ref(row, (block_q8_0 *)(w + (size_t)r * stride), n);
             }
             rng_fill(row, n);
             quantize_row_q8_0_ref(row, x8, n);
             y[nrows] = 12345.0f;
-            k->gemv_q4_0((const block_q4_0 *)w, stride, x8, y, nrows, n);
+            if (q4) k->gemv_q4_0((const block_q4_0 *)w, stride, x8, y, nrows, n);
+            else k->gemv_q8_0((const block_q8_0 *)w, stride, x8, y, nrows, n);
             int bad = 0, not_dot = 0;
             for (int r = 0; r < nrows; r++) {
-                const block_q4_0 *wr = (const block_q4_0 *)(w + (size_t)r * stride);
-                dequantize_row(GGML_TYPE_Q4_0, wr, wd, n);
+                const void *wr = w + (size_t)r * stride;
+                dequantize_row(type, wr, wd, n);
                 dequantize_row(GGML_TYPE_Q8_0, x8, xd, n);
-                const float want = kernels_scalar()->dot_q4_0(wr, x8, n), same = k->dot_q4_0(wr, x8, n);
+                const float want = q4 ? kernels_scalar()->dot_q4_0(wr, x8, n) : kernels_scalar()->dot_q8_0(wr, x8, n);
+                const float same = q4 ? k->dot_q4_0(wr, x8, n) : k->dot_q8_0(wr, x8, n);
                 bad += !(fabs(y[r] - want) <= q_tolerance(wd, xd, n));
                 not_dot += memcmp(&y[r], &same, sizeof same) != 0;
             }
-            CHECK(bad == 0 && y[nrows] == 12345.0f, "%s gemv_q4_0 rows=%d blocks=%d: %d rows differ", k->name,
-                  nrows, nb, bad);
-            CHECK(not_dot == 0, "%s gemv_q4_0 rows=%d blocks=%d: %d rows not bit-identical to dot_q4_0", k->name,
+            CHECK(bad == 0 && y[nrows] == 12345.0f, "%s %s rows=%d blocks=%d: %d rows differ", k->name, what, nrows,
+                  nb, bad);
+            CHECK(not_dot == 0, "%s %s rows=%d blocks=%d: %d rows not bit-identical to the dot", k->name, what,
                   nrows, nb, not_dot);
             free(x8);
             free(xd);
@@ -321,6 +328,11 @@ static void test_gemv(const kernels *k) {
             free(w);
         }
     }
+}
+
+static void test_gemv(const kernels *k) {
+    test_gemv_type(k, GGML_TYPE_Q4_0);
+    if (k->gemv_q8_0) test_gemv_type(k, GGML_TYPE_Q8_0);
 }
 
 /* dot_f16_rows equals the set's own dot_f16 on every row, bit for bit

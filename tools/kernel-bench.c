@@ -32,8 +32,9 @@ typedef struct {
     size_t row_bytes;       /* bytes of one weight row of n elements */
 } weight_kind;
 
-/* the last kind times gemv_q4_0 (all rows in one call) on Q4_0 weights */
-enum { KIND_F32, KIND_F16, KIND_Q8_0, KIND_Q4_0, KIND_Q4_0_GEMV, KIND_COUNT };
+/* the gemv kinds time gemv_q4_0 / gemv_q8_0 (all rows in one call; a set
+ * without gemv_q8_0 dots row by row, as ops.c does) */
+enum { KIND_F32, KIND_F16, KIND_Q8_0, KIND_Q4_0, KIND_Q8_0_GEMV, KIND_Q4_0_GEMV, KIND_COUNT };
 
 static volatile float sink; /* keeps the dot products from being optimised away */
 
@@ -59,8 +60,10 @@ static void fill_weights(int kind, uint8_t *dst, size_t bytes, size_t row_bytes,
             break;
         case KIND_Q8_0:
         case KIND_Q4_0:
+        case KIND_Q8_0_GEMV:
         case KIND_Q4_0_GEMV: {
-            const size_t block_bytes = kind == KIND_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+            const size_t block_bytes =
+                kind == KIND_Q8_0 || kind == KIND_Q8_0_GEMV ? sizeof(block_q8_0) : sizeof(block_q4_0);
             for (size_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)rng_next();
             const uint16_t d = f32_to_f16(0.01f);
             for (size_t b = 0; b < row_bytes / block_bytes; b++) memcpy(row + b * block_bytes, &d, sizeof d);
@@ -76,8 +79,9 @@ static float *gemv_out; /* one float per row of the largest matrix */
 static void dot_all_rows(const kernels *k, int kind, const uint8_t *w, size_t rows, size_t row_bytes,
                          const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n) {
     float acc = 0.0f;
-    if (kind == KIND_Q4_0_GEMV) {
-        k->gemv_q4_0((const block_q4_0 *)w, row_bytes, x8, gemv_out, (int)rows, n);
+    if (kind == KIND_Q4_0_GEMV || (kind == KIND_Q8_0_GEMV && k->gemv_q8_0)) {
+        if (kind == KIND_Q4_0_GEMV) k->gemv_q4_0((const block_q4_0 *)w, row_bytes, x8, gemv_out, (int)rows, n);
+        else k->gemv_q8_0((const block_q8_0 *)w, row_bytes, x8, gemv_out, (int)rows, n);
         sink = gemv_out[rows - 1];
         return;
     }
@@ -86,7 +90,8 @@ static void dot_all_rows(const kernels *k, int kind, const uint8_t *w, size_t ro
         switch (kind) {
         case KIND_F32: acc += k->dot_f32(row, x32, n); break;
         case KIND_F16: acc += k->dot_f16(row, x16, n); break;
-        case KIND_Q8_0: acc += k->dot_q8_0(row, x8, n); break;
+        case KIND_Q8_0:
+        case KIND_Q8_0_GEMV: acc += k->dot_q8_0(row, x8, n); break;
         case KIND_Q4_0: acc += k->dot_q4_0(row, x8, n); break;
         }
     }
@@ -452,6 +457,7 @@ int main(int argc, char **argv) {
         {"f16", (size_t)n * 2},
         {"q8_0", (size_t)n / QK8_0 * sizeof(block_q8_0)},
         {"q4_0", (size_t)n / QK4_0 * sizeof(block_q4_0)},
+        {"q8_0 gemv", (size_t)n / QK8_0 * sizeof(block_q8_0)},
         {"q4_0 gemv", (size_t)n / QK4_0 * sizeof(block_q4_0)},
     };
     const kernels *isas[8];

@@ -29,12 +29,16 @@ float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in) {
     abort(); /* model_load admits only the four types */
 }
 
-/* out[i] = W[r0 + i] . in for i < r1 - r0; Q4_0 rows through the gemv,
- * which gives row_dot's bits faster */
+/* out[i] = W[r0 + i] . in for i < r1 - r0; Q4_0 (and, where the set has
+ * one, Q8_0) rows through the gemv, which gives row_dot's bits faster */
 void matvec_rows_packed(const kernels *k, const weight *w, const act_vec *in, float *out, long r0, long r1) {
+    const void *first = (const char *)w->data + (size_t)r0 * w->row_bytes;
     if (w->type == GGML_TYPE_Q4_0) {
-        k->gemv_q4_0((const block_q4_0 *)((const char *)w->data + (size_t)r0 * w->row_bytes), w->row_bytes, in->q8,
-                     out, (int)(r1 - r0), (int)w->cols);
+        k->gemv_q4_0(first, w->row_bytes, in->q8, out, (int)(r1 - r0), (int)w->cols);
+        return;
+    }
+    if (w->type == GGML_TYPE_Q8_0 && k->gemv_q8_0) {
+        k->gemv_q8_0(first, w->row_bytes, in->q8, out, (int)(r1 - r0), (int)w->cols);
         return;
     }
     for (long r = r0; r < r1; r++) out[r - r0] = row_dot(k, w, r, in);

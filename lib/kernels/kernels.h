@@ -39,6 +39,9 @@ typedef struct {
      * after row r-1, bit for bit. Faster than nrows dot calls: the activation-side
      * work (regrouping, offset correction, scales) is done once for all rows. */
     void (*gemv_q4_0)(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
+    /* the same for Q8_0 rows, bit for bit dot_q8_0's; NULL in a set where one
+     * dot_q8_0 call a row is as fast (ops.c then calls it row by row) */
+    void (*gemv_q8_0)(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
     /* the prefill's Q4_0 weights x tokens product (gemm.h: its own summation
      * order, the same bits in every set) */
     gemm_q4_0_fn gemm_q4_0;

@@ -175,6 +175,7 @@ const kernels kernels_avx512_impl = {
     .dot_q8_0 = dot_q8_0_fast_avx512,
     .dot_q4_0 = dot_q4_0_fast_avx512,
     .gemv_q4_0 = gemv_q4_0_fast_avx512,
+    .gemv_q8_0 = gemv_q8_0_fast_avx512,
     .gemm_q4_0 = gemm_q4_0_avx512,
     .gemm_f32 = gemm_f32_avx512,
     .gemm_f16 = gemm_f16_avx512,

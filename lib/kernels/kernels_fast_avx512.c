@@ -13,6 +13,17 @@ float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
     return q8_row(w, x, n / QK8_0, NULL);
 }
 
+/* Row after row, each prefetching into L2 the row two ahead as it reads: on
+ * an Intel Xeon, from memory, one dot call a row streamed 5.6 GB/s, about
+ * 57 % of one thread's read bandwidth, this 9.5-9.7 (95 % or more). The same
+ * bits as the dot. Not measured on Zen, where the dense Q4_0 dot had measured
+ * slower with software prefetch. */
+void gemv_q8_0_fast_avx512(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+    for (int r = 0; r < nrows; r++)
+        y[r] = q8_row((const block_q8_0 *)((const char *)w + (size_t)r * row_stride), x, n / QK8_0,
+                      r + 2 < nrows ? (const char *)w + (size_t)(r + 2) * row_stride : NULL);
+}
+
 /* The single-row Q4_0 dot prepares each activation quad as it goes, so it
  * has its own loop, in q4_row_chunk's order. Its prefetch differs too: one
  * line a quad 4 KiB ahead into L1 measured ~17 GB/s from memory on one core
