@@ -25,6 +25,7 @@
 #include "util/mem_bandwidth.h"
 #include "util/threadpool.h"
 #include "kernels/pred_gemv.h"
+#include "util/huge_alloc.h"
 #include "kernels/mac_peak.h"
 
 typedef struct {
@@ -484,7 +485,8 @@ int main(int argc, char **argv) {
     uint16_t *x16 = malloc((size_t)n * sizeof *x16);
     block_q8_0 *x8 = malloc((size_t)n / QK8_0 * sizeof *x8);
     const size_t big_bytes = (size_t)big_mib << 20;
-    uint8_t *w = malloc(big_bytes + kinds[KIND_F32].row_bytes);
+    size_t w_mapped = 0; /* on 2 MiB pages, as the stack's weights */
+    uint8_t *w = huge_alloc(big_bytes + kinds[KIND_F32].row_bytes, &w_mapped);
     gemv_out = malloc(big_bytes / kinds[KIND_Q4_0].row_bytes * sizeof *gemv_out + sizeof *gemv_out);
     if (!x32 || !x16 || !x8 || !w || !gemv_out) {
         log_error("out of memory for a %ld MiB matrix", big_mib);
@@ -526,7 +528,7 @@ int main(int argc, char **argv) {
     bench_gemm_float(isas, n_isas, w, big_bytes, min_seconds, f32_peak);
 out:
     free(gemv_out);
-    free(w);
+    huge_free(w, w_mapped);
     free(x8);
     free(x16);
     free(x32);
