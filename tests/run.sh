@@ -3,12 +3,25 @@
 # under a time limit (PI2_TEST_TIMEOUT seconds, default 1200); each ends with
 # a line "N passed, N failed[, N skipped]" and may name what it skipped on
 # lines "SKIP what". Prints what was skipped once, then the totals.
+# PI2_TEST_WRAP: a command every test program, and every program of the build
+# that a test starts, runs under (make test-arm64: qemu-aarch64).
+# PI2_TESTS_SKIP="test_a test_b.sh ...": not run, each counted as one skip (what
+# an emulator cannot run).
 set -u
 BUILD=${BUILD:-build}
 LIMIT=${PI2_TEST_TIMEOUT:-1200}
+export PI2_TEST_WRAP=${PI2_TEST_WRAP:-}
 cd "$(dirname "$0")/.."
 total_pass=0; total_fail=0; total_skip=0; broken=0
 declare -A skipped_by=() # what was skipped -> the tests that skipped it
+# false, and one skip counted and named, for a test in PI2_TESTS_SKIP
+wanted() {
+    [[ " ${PI2_TESTS_SKIP:-} " == *" $1 "* ]] || return 0
+    local what="the whole test (PI2_TESTS_SKIP)"
+    skipped_by[$what]="${skipped_by[$what]:+${skipped_by[$what]}, }$1"
+    total_skip=$((total_skip + 1))
+    return 1
+}
 run_one() {
     local name=$1; shift
     local out rc
@@ -41,12 +54,12 @@ run_one() {
     total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
 }
 for t in "$BUILD"/tests/test_*; do
-    [ -x "$t" ] || continue
-    run_one "$(basename "$t")" "$t"
+    [ -x "$t" ] && wanted "$(basename "$t")" || continue
+    run_one "$(basename "$t")" $PI2_TEST_WRAP "$t"
 done
 for s in tests/*.sh; do
     [ "$(basename "$s")" = run.sh ] && continue
-    [ -f "$s" ] || continue
+    [ -f "$s" ] && wanted "$(basename "$s")" || continue
     run_one "$(basename "$s")" env BUILD="$BUILD" bash "$s"
 done
 for what in "${!skipped_by[@]}"; do echo "skipped: $what, in ${skipped_by[$what]}"; done | sort

@@ -1,7 +1,11 @@
 /* Run-time choice of the kernel set. The SIMD tables live in files compiled
  * with their ISA flags; this file is baseline x86-64 so it can run the CPU
- * checks before any of that code executes. */
+ * checks before any of that code executes. The Makefile compiles the x86 ISA
+ * files only for x86-64; elsewhere (ARM64) every x86 set is absent (NULL) and
+ * the choice falls to scalar. */
+#if defined(__x86_64__)
 #include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +23,7 @@ extern const kernels kernels_avx512_exact_impl;
 
 const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
 
+#if defined(__x86_64__)
 /* CPUID.1:ECX bit 29, read directly: not every compiler's __builtin_cpu_supports knows "f16c" */
 static int cpu_has_f16c(void) {
     unsigned a, b, c, d;
@@ -68,8 +73,14 @@ const kernels *kernels_amx(void) {
     pthread_once(&once, make_amx_set);
     return amx_ok ? &amx_set : NULL;
 }
+#else
+const kernels *kernels_avx2(void) { return NULL; }
+const kernels *kernels_avx512(void) { return NULL; }
+const kernels *kernels_avx512_exact(void) { return NULL; }
+const kernels *kernels_amx(void) { return NULL; }
+#endif
 
-const kernels *kernels_decode_set(const kernels *k) { return k && k == kernels_amx() ? &kernels_avx512_impl : k; }
+const kernels *kernels_decode_set(const kernels *k) { return k && k == kernels_amx() ? kernels_avx512() : k; }
 
 const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return kernels_scalar();

@@ -3,6 +3,8 @@
 
 #include "util/clock.h"
 
+/* the loops are x86 files, compiled only for x86-64 */
+#if defined(__x86_64__)
 #define ROUND_ITERS (1u << 20)
 
 static double rate(uint64_t (*run)(uint64_t), double seconds) {
@@ -48,3 +50,16 @@ double f32_peak_macs(double seconds, const char **isa) {
     *isa = "none";
     return 0;
 }
+#else
+double int8_peak_macs(double seconds, const char **isa) {
+    (void)seconds;
+    *isa = "none";
+    return 0;
+}
+
+double f32_peak_macs(double seconds, const char **isa) {
+    (void)seconds;
+    *isa = "none";
+    return 0;
+}
+#endif

@@ -27,16 +27,25 @@ extern void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, 
 extern void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 extern void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
 
-/* the same CPU checks as the dense kernel sets */
+/* the same CPU checks as the dense kernel sets; without the x86 ISA files (ARM64) only scalar */
+#if defined(__x86_64__)
 pred_gemv_f16_fn pred_gemv_f16_avx2(void) { return kernels_avx2() ? pred_gemv_f16_avx2_impl : NULL; }
 pred_gemv_f16_fn pred_gemv_f16_avx512(void) { return kernels_avx512() ? pred_gemv_f16_avx512_impl : NULL; }
+
+pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
+    return k && kernels_decode_set(k) == kernels_avx512() ? pred_gemv_q8_0_avx512_impl : NULL; /* q8_row's bits: the default avx512 set */
+}
+#else
+pred_gemv_f16_fn pred_gemv_f16_avx2(void) { return NULL; }
+pred_gemv_f16_fn pred_gemv_f16_avx512(void) { return NULL; }
+pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
+    (void)k;
+    return NULL;
+}
+#endif
 
 pred_gemv_f16_fn pred_gemv_f16_best(void) {
     pred_gemv_f16_fn f = pred_gemv_f16_avx512();
     if (!f) f = pred_gemv_f16_avx2();
     return f ? f : pred_gemv_f16_scalar;
-}
-
-pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
-    return k && kernels_decode_set(k) == kernels_avx512() ? pred_gemv_q8_0_avx512_impl : NULL; /* q8_row's bits: the default avx512 set */
 }

@@ -1,7 +1,7 @@
 /* Run-time choice of the sparse kernel set. Each SIMD set reproduces the dots of
  * one kernels.h set (sparse_kernels_dense_match), so it is offered exactly when
  * that set is (same CPU checks), and the choice follows kernels_best().
- * Baseline x86-64 file. */
+ * Baseline x86-64 file; without the x86 ISA files (ARM64) only scalar exists. */
 #include <string.h>
 
 #include "gguf/ggml_types.h"
@@ -14,12 +14,17 @@ extern const sparse_kernels sparse_avx2_impl;
 extern const sparse_kernels sparse_avx512_impl;
 
 const sparse_kernels *sparse_kernels_scalar(void) { return &sparse_scalar_impl; }
+#if defined(__x86_64__)
 const sparse_kernels *sparse_kernels_avx2(void) { return kernels_avx2() ? &sparse_avx2_impl : NULL; }
 const sparse_kernels *sparse_kernels_avx512(void) { return kernels_avx512() ? &sparse_avx512_impl : NULL; }
+#else
+const sparse_kernels *sparse_kernels_avx2(void) { return NULL; }
+const sparse_kernels *sparse_kernels_avx512(void) { return NULL; }
+#endif
 
 const kernels *sparse_kernels_dense_match(const sparse_kernels *k) {
-    if (k == &sparse_avx512_impl) return kernels_avx512();
-    if (k == &sparse_avx2_impl) return kernels_avx2();
+    if (k && k == sparse_kernels_avx512()) return kernels_avx512();
+    if (k && k == sparse_kernels_avx2()) return kernels_avx2();
     return kernels_scalar();
 }
 

@@ -10,7 +10,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <xmmintrin.h>
 
 #include "kernels/sparse_kernels.h"
 
@@ -98,7 +97,7 @@ static inline __attribute__((always_inline)) void axpy_prefetch_next(const char 
     const size_t last = off + step - 1;
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
-        if (next[r]) _mm_prefetch(next[r] + last, _MM_HINT_T1);
+        if (next[r]) __builtin_prefetch(next[r] + last, 0, 2); /* read, T1 on x86 */
 }
 
 #endif

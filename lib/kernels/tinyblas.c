@@ -37,8 +37,13 @@ static const tinyblas_kernels tinyblas_scalar_impl = {"scalar", dot_f32_scalar, 
 
 const tinyblas_kernels *tinyblas_scalar(void) { return &tinyblas_scalar_impl; }
 
-/* the AVX-512 file is compiled with kernels_avx512()'s flags, so it needs that CPU check */
+/* the AVX-512 file is compiled with kernels_avx512()'s flags, so it needs that CPU
+ * check (and exists only on x86-64) */
+#if defined(__x86_64__)
 const tinyblas_kernels *tinyblas_avx512(void) { return kernels_avx512() ? &tinyblas_avx512_impl : NULL; }
+#else
+const tinyblas_kernels *tinyblas_avx512(void) { return NULL; }
+#endif
 
 const tinyblas_kernels *tinyblas_best(void) {
     const tinyblas_kernels *t = tinyblas_avx512();

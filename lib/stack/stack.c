@@ -1,6 +1,5 @@
 #include "stack/stack.h"
 
-#include <immintrin.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sched.h>
@@ -9,6 +8,7 @@
 
 #include "stack/chunk_queue.h"
 #include "util/clock.h"
+#include "util/cpu_relax.h"
 #include "util/threadpool.h"
 
 static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
@@ -153,7 +153,7 @@ int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms) {
 }
 
 void ctl_wait_step(unsigned i) {
-    if (i < CTL_SPINS) _mm_pause();
+    if (i < CTL_SPINS) cpu_relax();
     else sched_yield(); /* the worker waited for may share our core */
 }
 

@@ -1,13 +1,14 @@
 #include "util/threadpool.h"
 
-#include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* Spin this many pause iterations (tens of microseconds) before sleeping or
+#include "util/cpu_relax.h"
+
+/* Spin this many cpu_relax iterations (tens of microseconds) before sleeping or
  * yielding: long enough to bridge the serial work between two jobs of a
  * decode step, short enough not to steal a shared core from other processes. */
 #define SPIN_ITERS 4000
@@ -31,7 +32,7 @@ static unsigned wait_for_job(threadpool *p, unsigned seen) {
     for (int i = 0; i < SPIN_ITERS; i++) {
         unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (g != seen) return g;
-        _mm_pause();
+        cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
@@ -90,7 +91,7 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx) {
     publish(p);
     fn(ctx, 0, p->n);
     for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
-        if (i < SPIN_ITERS) _mm_pause();
+        if (i < SPIN_ITERS) cpu_relax();
         else sched_yield(); /* a worker was descheduled: give it the core */
     }
 }
