@@ -23,13 +23,18 @@ DEB_PACKAGES := gcc make libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libur
 PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_C   := $(PROTO_SRC:proto/%.proto=$(BUILD)/proto/%.pb-c.c)
 LIB_SRC   := $(wildcard lib/*.c lib/*/*.c)
-# the x86 ISA files exist only in an x86-64 build; elsewhere (ARM64) the kernel
-# choice has only scalar (lib/kernels/kernels.c). The machine the compiler builds
-# for, or this one's before check-deps has installed the compiler.
+# the x86 ISA files exist only in an x86-64 build, the NEON ones only in an
+# AArch64 one (lib/kernels/kernels.c chooses among the sets built). The machine
+# the compiler builds for, or this one's before check-deps has installed the compiler.
 CC_MACHINE  := $(shell $(CC) -dumpmachine 2>/dev/null || uname -m)
 ISA_X86_SRC := $(wildcard lib/*/*_avx2.c lib/*/*_avx512.c lib/*/*_amx.c)
 ifeq ($(filter x86_64%,$(CC_MACHINE)),)
 LIB_SRC   := $(filter-out $(ISA_X86_SRC),$(LIB_SRC))
+endif
+# and the NEON files only in an AArch64 one
+ISA_ARM_SRC := $(wildcard lib/*/*_neon.c)
+ifeq ($(filter aarch64%,$(CC_MACHINE)),)
+LIB_SRC   := $(filter-out $(ISA_ARM_SRC),$(LIB_SRC))
 endif
 TOOL_SRC  := $(wildcard tools/*.c)
 # each process folder's *.c files make one program: build/bin/<folder>

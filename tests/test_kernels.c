@@ -335,6 +335,37 @@ static void test_gemv(const kernels *k) {
     if (k->gemv_q8_0) test_gemv_type(k, GGML_TYPE_Q8_0);
 }
 
+/* A set whose decode kernels are scalar's (kernels_decode_set: neon) gives
+ * the scalar quantized dots' bits exactly: the scalar sparse gathers are
+ * paired with it. Quants over the whole int8 range (-128 included). */
+static void test_scalar_bits(const kernels *k) {
+    if (kernels_decode_set(k) != kernels_scalar() || k == kernels_scalar()) return;
+    const kernels *ref = kernels_scalar();
+    enum { MAX_BLOCKS = 130 };
+    static block_q8_0 w8[MAX_BLOCKS], x8[MAX_BLOCKS];
+    static block_q4_0 w4[MAX_BLOCKS];
+    int bad8 = 0, bad4 = 0, badg = 0, cases = 0;
+    for (int nb = 1; nb <= MAX_BLOCKS; nb += 7, cases++) {
+        for (int b = 0; b < nb; b++) {
+            const uint16_t dw = f32_to_f16(ldexpf(rng_value(), -(int)(rng_u32() % 8))), dx = f32_to_f16(rng_value());
+            memcpy(&w8[b].d, &dw, sizeof dw), memcpy(&x8[b].d, &dx, sizeof dx), memcpy(&w4[b].d, &dw, sizeof dw);
+            for (int j = 0; j < QK8_0; j++) w8[b].qs[j] = (int8_t)rng_u32(), x8[b].qs[j] = (int8_t)rng_u32();
+            for (int j = 0; j < QK4_0 / 2; j++) w4[b].qs[j] = (uint8_t)rng_u32();
+        }
+        const int n = nb * 32;
+        float a = ref->dot_q8_0(w8, x8, n), b = k->dot_q8_0(w8, x8, n);
+        bad8 += memcmp(&a, &b, sizeof a) != 0;
+        a = ref->dot_q4_0(w4, x8, n), b = k->dot_q4_0(w4, x8, n);
+        bad4 += memcmp(&a, &b, sizeof a) != 0;
+        float y[2];
+        k->gemv_q4_0(w4, 0, x8, y, 2, n);
+        badg += memcmp(&y[0], &a, sizeof a) != 0 || memcmp(&y[1], &a, sizeof a) != 0;
+    }
+    CHECK(bad8 == 0, "%s dot_q8_0: %d of %d lengths not scalar's bits", k->name, bad8, cases);
+    CHECK(bad4 == 0, "%s dot_q4_0: %d of %d lengths not scalar's bits", k->name, bad4, cases);
+    CHECK(badg == 0, "%s gemv_q4_0: %d of %d lengths not scalar's bits", k->name, badg, cases);
+}
+
 /* dot_f16_rows equals the set's own dot_f16 on every row, bit for bit
  * (attention's V . p uses the one, other F16 dots the other), for rows and
  * lengths around its groups of 8 rows and the 64-element steps */
@@ -415,7 +446,7 @@ int main(void) {
     /* the override is read once, at the first kernels_best() call */
     setenv("PI2_KERNELS", "scalar", 1);
     CHECK(strcmp(kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar gave %s", kernels_best()->name);
-    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact", "amx"};
+    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact", "amx", "neon"};
     for (int i = 0; i < COUNT(names); i++) {
         const kernels *k = kernels_by_name(names[i]);
         CHECK(!k || strcmp(k->name, names[i]) == 0, "kernels_by_name(%s) gave %s", names[i], k->name);
@@ -428,8 +459,9 @@ int main(void) {
     test_quantize_roundtrip();
     test_reference_dots_vs_double();
 
-    const kernels *sets[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact()};
-    const char *set_names[] = {"scalar", "avx2", "avx512", "avx512-exact"};
+    const kernels *sets[] = {kernels_scalar(), kernels_avx2(),   kernels_avx512(),
+                             kernels_avx512_exact(), kernels_neon(), kernels_neon_without_sdot()};
+    const char *set_names[] = {"scalar", "avx2", "avx512", "avx512-exact", "neon", "neon without SDOT"};
     for (int i = 0; i < COUNT(sets); i++) {
         if (!sets[i]) {
             SKIP("kernel set %s (this CPU lacks it)", set_names[i]);
@@ -438,6 +470,7 @@ int main(void) {
         test_float_kernels(sets[i]);
         test_quantized_kernels(sets[i]);
         test_gemv(sets[i]);
+        test_scalar_bits(sets[i]);
         test_dot_f16_rows(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);

@@ -80,7 +80,26 @@ const kernels *kernels_avx512_exact(void) { return NULL; }
 const kernels *kernels_amx(void) { return NULL; }
 #endif
 
-const kernels *kernels_decode_set(const kernels *k) { return k && k == kernels_amx() ? kernels_avx512() : k; }
+#if defined(__aarch64__)
+void kernels_neon_make(const kernels **best, const kernels **without_sdot); /* kernels_neon.c */
+static const kernels *neon_best, *neon_widening;
+static void make_neon_sets(void) { kernels_neon_make(&neon_best, &neon_widening); }
+static void neon_once(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_neon_sets);
+}
+const kernels *kernels_neon(void) { return neon_once(), neon_best; }
+const kernels *kernels_neon_without_sdot(void) { return neon_once(), neon_widening; }
+#else
+const kernels *kernels_neon(void) { return NULL; }
+const kernels *kernels_neon_without_sdot(void) { return NULL; }
+#endif
+
+const kernels *kernels_decode_set(const kernels *k) {
+    if (k && k == kernels_amx()) return kernels_avx512();
+    if (k && (k == kernels_neon() || k == kernels_neon_without_sdot())) return kernels_scalar(); /* same bits */
+    return k;
+}
 
 const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return kernels_scalar();
@@ -88,6 +107,7 @@ const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "avx512") == 0) return kernels_avx512();
     if (strcmp(name, "avx512-exact") == 0) return kernels_avx512_exact();
     if (strcmp(name, "amx") == 0) return kernels_amx();
+    if (strcmp(name, "neon") == 0) return kernels_neon();
     return NULL;
 }
 
@@ -97,6 +117,7 @@ static void choose_kernels(void) {
     const kernels *fastest = kernels_amx();
     if (!fastest) fastest = kernels_avx512();
     if (!fastest) fastest = kernels_avx2();
+    if (!fastest) fastest = kernels_neon();
     if (!fastest) fastest = kernels_scalar();
     chosen = fastest;
 
@@ -104,7 +125,8 @@ static void choose_kernels(void) {
     if (!want || !*want) return;
     const kernels *forced = kernels_by_name(want);
     if (!forced) {
-        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact|amx that this CPU can run; using %s", want,
+        log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact|amx|neon that this CPU can run; using %s",
+                 want,
                  fastest->name);
         return;
     }

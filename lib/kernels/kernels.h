@@ -1,6 +1,6 @@
 /* Hot kernels: quantization, dequantization and dot products for the
  * weight types pi2 supports. Each has a scalar reference; AVX2 and AVX-512
- * versions are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx
+ * versions (NEON on AArch64) are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx|neon
  * forces one; amx is avx512 with the prefill product on AMX tiles). avx512-exact is avx512 with llama.cpp's (slower) summation
  * order in the quantized dots: it exists to show agreement with llama.cpp
  * bit for bit (tests/test_oracle.c), the default avx512 is for speed.
@@ -60,14 +60,19 @@ const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 const kernels *kernels_avx512_exact(void); /* likewise */
+/* AArch64 (NULL elsewhere): the scalar set with NEON quantized dots that give
+ * its bits exactly (SDOT where the CPU has the dot-product extension) */
+const kernels *kernels_neon(void);
+const kernels *kernels_neon_without_sdot(void); /* the same without SDOT, which a CPU may lack (tests) */
 /* avx512 with the prefill product on AMX tiles; NULL without AMX-INT8 or the
  * kernel's leave to use it */
 const kernels *kernels_amx(void);
-/* The set whose decode kernels k has: k itself, or avx512 for amx (which
- * differs from it only in the prefill product). The decode-side families
- * (sparse gathers, predictor GEMV) pair with a dense set through this. */
+/* The set whose decode kernels k has: k itself, avx512 for amx (which
+ * differs from it only in the prefill product), scalar for neon (the same
+ * bits). The decode-side families (sparse gathers, predictor GEMV) pair with
+ * a dense set through this. */
 const kernels *kernels_decode_set(const kernels *k);
-/* "scalar", "avx2", "avx512", "avx512-exact" or "amx"; NULL if unknown or this CPU cannot run it */
+/* "scalar", "avx2", "avx512", "avx512-exact", "amx" or "neon"; NULL if unknown or this CPU cannot run it */
 const kernels *kernels_by_name(const char *name);
 
 /* Reference (scalar) conversions; also used for writing weights. */
