@@ -114,7 +114,12 @@ int main(void) {
         }
     for (size_t k = 0; k < sizeof isas / sizeof *isas; k++)
         if (!(tested_isas & 1 << k)) SKIP("kernel set %s (this CPU lacks it)", isas[k].name);
-    CHECK(pred_gemv_f16_best() != NULL, "a best version");
+    CHECK(pred_gemv_f16_for(kernels_best()) != NULL, "a version for the chosen set");
+    CHECK(pred_gemv_f16_for(kernels_scalar()) == pred_gemv_f16_scalar, "the scalar set: the scalar version");
+    CHECK(!kernels_avx2() || pred_gemv_f16_for(kernels_avx2()) == pred_gemv_f16_avx2(), "the avx2 set: avx2's");
+    CHECK(!kernels_avx512() || pred_gemv_f16_for(kernels_avx512()) == pred_gemv_f16_avx512(),
+          "the avx512 set: avx512's");
+    CHECK(!kernels_amx() || pred_gemv_f16_for(kernels_amx()) == pred_gemv_f16_avx512(), "the amx set: avx512's");
     free(w);
     free(x);
     return test_summary();

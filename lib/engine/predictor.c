@@ -46,7 +46,7 @@ static predictor *alloc_predictor(const model *m, predictor_kind kind) {
     p->m = m;
     p->kind = kind;
     p->k = kernels_best();
-    p->gemv_f16 = pred_gemv_f16_best();
+    p->gemv_f16 = pred_gemv_f16_for(p->k);
     p->gemv_q8_0 = pred_gemv_q8_0_for(p->k);
     p->a = calloc((size_t)m->n_layer, sizeof *p->a);
     p->b = calloc((size_t)m->n_layer, sizeof *p->b);

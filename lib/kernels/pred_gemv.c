@@ -44,8 +44,10 @@ pred_gemv_q8_0_fn pred_gemv_q8_0_for(const kernels *k) {
 }
 #endif
 
-pred_gemv_f16_fn pred_gemv_f16_best(void) {
-    pred_gemv_f16_fn f = pred_gemv_f16_avx512();
-    if (!f) f = pred_gemv_f16_avx2();
+pred_gemv_f16_fn pred_gemv_f16_for(const kernels *k) {
+    const kernels *d = kernels_decode_set(k);
+    pred_gemv_f16_fn f = NULL;
+    if (d && (d == kernels_avx512() || d == kernels_avx512_exact())) f = pred_gemv_f16_avx512();
+    else if (d && d == kernels_avx2()) f = pred_gemv_f16_avx2();
     return f ? f : pred_gemv_f16_scalar;
 }

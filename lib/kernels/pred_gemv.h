@@ -19,7 +19,9 @@
 /* rows of n F16 values, row_stride bytes apart */
 typedef void (*pred_gemv_f16_fn)(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 
-pred_gemv_f16_fn pred_gemv_f16_best(void);   /* the fastest this CPU runs */
+/* the version of k's ISA (PI2_KERNELS, through kernels_best(), picks it with
+ * the dense set): every version gives the same bits, so only speed differs */
+pred_gemv_f16_fn pred_gemv_f16_for(const kernels *k);
 void pred_gemv_f16_scalar(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 pred_gemv_f16_fn pred_gemv_f16_avx2(void);   /* NULL without AVX2/FMA/F16C */
 pred_gemv_f16_fn pred_gemv_f16_avx512(void); /* NULL without AVX-512 */
