@@ -385,13 +385,13 @@ void decoder_publish_stats(decoder *d, offload_counters *out) {
 }
 
 static void log_offload_stats(const decoder *d, const char *who) {
+    const offload_tally t = *ffn_offload_get_stats(d->offload);
     const ffn_prefetch_tally a = *ffn_offload_get_prefetch_stats(d->offload);
     if (a.asked)
         log_info("%s asked ahead for %llu bundles: %.1f%% of them needed and there in time, %.1f%% needed and "
                  "still being read, %.1f%% not needed",
-                 who, (unsigned long long)a.asked, 100.0 * a.landed / a.asked, 100.0 * a.late / a.asked,
-                 100.0 * (a.asked - a.landed - a.late) / a.asked);
-    const offload_tally t = *ffn_offload_get_stats(d->offload);
+                 who, (unsigned long long)a.asked, 100.0 * (double)(t.read_ahead - a.late) / a.asked,
+                 100.0 * a.late / a.asked, 100.0 * (double)(a.asked - t.read_ahead) / a.asked);
     const offload_rates r = offload_tally_rates(&t);
     log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.1f bundles, %.3f MB "
              "per token); FFN %.3f ms per layer, %.1f%% of it waiting for reads",

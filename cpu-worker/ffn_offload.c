@@ -215,6 +215,11 @@ static int32_t position(const ffn_offload *o, int l, int32_t neuron) {
     return o->off->pos_of[(size_t)l * (size_t)o->m->n_ff + (size_t)neuron];
 }
 
+/* The bundle holding the neuron's rows in layer l. */
+static uint32_t bundle_of(const ffn_offload *o, int l, int32_t neuron) {
+    return (uint32_t)(position(o, l, neuron) / o->off->per_bundle);
+}
+
 /* A row's index for the kernels from its byte offset from the base. */
 static int32_t place(const ffn_offload *o, uint64_t bytes) { return (int32_t)(bytes / o->off->unit); }
 
@@ -241,7 +246,6 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     if (o->asked[b]) { /* read for this step, ahead of it: a read, not a hit */
         o->stats.misses += count;
         o->stats.read_ahead += count;
-        o->prefetch.landed += count;
     } else {
         o->stats.cold_hits += count;
     }
@@ -314,7 +318,7 @@ static bool chunk_landed(const ffn_offload *o, int l, int chunk) {
     long n0, n1;
     ffn_chunk_range(o->m, chunk, &n0, &n1);
     for (int k = 0; k < o->sel_n[chunk]; k++) {
-        const uint32_t b = (uint32_t)(position(o, l, o->sel_idx[n0 + k]) / off->per_bundle);
+        const uint32_t b = bundle_of(o, l, o->sel_idx[n0 + k]);
         if (b >= off->plan->hot_bundles[l] && !ncache_contains(o->cache, (uint32_t)l, 0, b)) return false;
     }
     return true;
@@ -447,9 +451,11 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
 
 /* ---- asking ahead ---- */
 
+/* Forgets the bundles asked for ahead and their batch (an answer still to come is only counted). */
 static void forget_ahead(ffn_offload *o) {
     for (int i = 0; i < o->n_ahead; i++) o->asked[o->ahead[i]] = 0;
     o->n_ahead = 0;
+    o->ahead_batch = 0;
 }
 
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
@@ -464,14 +470,13 @@ void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chu
         long n0, n1;
         ffn_chunk_range(o->m, chunks[i], &n0, &n1);
         for (int k = 0; k < o->sel_n[chunks[i]]; k++) {
-            const uint32_t b = (uint32_t)(position(o, l, o->sel_idx[n0 + k]) / off->per_bundle);
+            const uint32_t b = bundle_of(o, l, o->sel_idx[n0 + k]);
             if (b < off->plan->hot_bundles[l] || o->asked[b] || ncache_contains(o->cache, (uint32_t)l, 0, b)) continue;
             o->asked[b] = 1;
             o->ahead[o->n_ahead++] = b;
         }
     }
     o->prefetch.asked += (uint64_t)o->n_ahead;
-    o->ahead_batch = 0;
     if (o->n_ahead && send_load(o, l, o->ahead, o->n_ahead))
         log_warn("layer %d: cannot ask the io-worker ahead for %d bundles: %s", l, o->n_ahead, bus_last_error());
     else if (o->n_ahead)
@@ -539,7 +544,6 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
     }
     f->rows = NULL;
     forget_ahead(o);
-    o->ahead_batch = 0; /* its answer, if it is still to come, is only counted */
     o->stats.ffn_us += clock_us() - t0;
     return rc;
 }

@@ -42,10 +42,10 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
                           ffn_scratch *scratch);
 
+/* Beside offload_tally.read_ahead (bundles asked ahead that the FFN step needed). */
 typedef struct {
-    uint64_t asked;  /* bundles asked for ahead */
-    uint64_t landed; /* of them, needed by the FFN step and there when it looked */
-    uint64_t late;   /* needed, and still being read when it looked */
+    uint64_t asked; /* bundles asked for ahead */
+    uint64_t late;  /* needed, and still being read when the FFN step looked */
 } ffn_prefetch_tally;
 
 /* This worker's running counts. */

@@ -126,8 +126,7 @@ static void choose_kernels(void) {
     const kernels *forced = kernels_by_name(want);
     if (!forced) {
         log_warn("PI2_KERNELS=%s is not one of scalar|avx2|avx512|avx512-exact|amx|neon that this CPU can run; using %s",
-                 want,
-                 fastest->name);
+                 want, fastest->name);
         return;
     }
     chosen = forced;

@@ -55,6 +55,12 @@ typedef struct {
     void (*silu_mul)(float *h, const float *g, const float *u, int n);
 } kernels;
 
+/* Row r of a matrix of nrows rows row_stride bytes apart, or NULL past its
+ * end: the row a gemv prefetches as it reads an earlier one. */
+static inline const char *kernels_row_or_null(const void *w, size_t row_stride, int nrows, int r) {
+    return r < nrows ? (const char *)w + (size_t)r * row_stride : NULL;
+}
+
 const kernels *kernels_best(void);        /* chosen once; honours PI2_KERNELS */
 const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */

@@ -22,9 +22,6 @@ static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { re
  * read bandwidth, Q8_0 6.1; with it 7.9 (1, 3, 4 or 8 rows ahead: the same
  * within 3 %) and 9.4. A prefetch changes no sum: the same bits as the dots. */
 #define GEMV_AHEAD 2
-static const char *row_ahead(const void *w, size_t row_stride, int nrows, int r) {
-    return r + GEMV_AHEAD < nrows ? (const char *)w + (size_t)(r + GEMV_AHEAD) * row_stride : NULL;
-}
 
 /* Four Q4_0 rows a pass over the activation, each row with dot_q4_0's two
  * accumulators and lanes. Per block the activation's work is done once for
@@ -81,13 +78,13 @@ static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q
     }
     for (; r < nrows; r++)
         y[r] = q4_0_row((const block_q4_0 *)((const char *)w + (size_t)r * row_stride), x, n,
-                        row_ahead(w, row_stride, nrows, r));
+                        kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
 }
 
 static void gemv_q8_0_avx2(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
     for (int r = 0; r < nrows; r++)
         y[r] = q8_0_row((const block_q8_0 *)((const char *)w + (size_t)r * row_stride), x, n,
-                        row_ahead(w, row_stride, nrows, r));
+                        kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
 }
 
 static void quantize_q8_0_avx2(const float *x, block_q8_0 *y, int n) {

@@ -21,7 +21,7 @@ float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n) {
 void gemv_q8_0_fast_avx512(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
     for (int r = 0; r < nrows; r++)
         y[r] = q8_row((const block_q8_0 *)((const char *)w + (size_t)r * row_stride), x, n / QK8_0,
-                      r + 2 < nrows ? (const char *)w + (size_t)(r + 2) * row_stride : NULL);
+                      kernels_row_or_null(w, row_stride, nrows, r + 2));
 }
 
 /* The single-row Q4_0 dot prepares each activation quad as it goes, so it

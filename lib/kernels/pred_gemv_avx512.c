@@ -114,10 +114,6 @@ void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const
 /* Q8_0 rows (pred_gemv.h): each row's lanes as the dense avx512 dot_q8_0
  * (q8_row) leaves them, then 16 rows' horizontal sums in one tree, which adds
  * the pairs _mm512_reduce_add_ps adds: the dense dot's bits. */
-static inline const char *ahead_row(const void *w, size_t row_stride, int rows, int r) {
-    return r + AHEAD_ROWS < rows ? (const char *)w + (size_t)(r + AHEAD_ROWS) * row_stride : NULL;
-}
-
 void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
 void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y) {
     const int nb = n / QK8_0;
@@ -126,7 +122,7 @@ void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, cons
         __m512 acc[PASS_ROWS];
         for (int k = 0; k < PASS_ROWS; k++) /* slots past live: zeros (a row's sum adds its own lanes only) */
             acc[k] = k < live ? q8_row_lanes((const block_q8_0 *)((const char *)w + (size_t)(r0 + k) * row_stride), x,
-                                             nb, ahead_row(w, row_stride, rows, r0 + k))
+                                             nb, kernels_row_or_null(w, row_stride, rows, r0 + k + AHEAD_ROWS))
                               : _mm512_setzero_ps();
         _mm512_mask_storeu_ps(y + r0, tail_mask16(live), reduce_16_rows(acc));
     }
