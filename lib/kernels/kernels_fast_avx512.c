@@ -56,20 +56,25 @@ float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
     return total;
 }
 
-/* The gathers' row loop (dot_seq_q4_0) over consecutive rows:
- * Q4_GATHER_ROWS rows a pass, each activation quad loaded once for all of
+/* The gathers' row loop (dot_rows_q4_0) over consecutive rows:
+ * GEMV_PASS_ROWS rows a pass, each activation quad loaded once for all of
  * them, each row prefetching into L2 the row a pass further down; the
  * activation's quads are prepared once per GEMV_ROW_GROUP rows and chunk
  * (once for the whole matrix when the rows are one chunk long). Against one
- * row at a time with a prefetch 4 KiB ahead, in three interleaved runs of
- * tools/kernel-bench -k avx512 on one core: 25.7-25.9 -> 32.9-33.2 GB/s in
- * cache, 18.3-19.4 -> 23.4-28.6 from memory. In the stack, where both cores
- * share the bus, the gain is within the noise. */
+ * row at a time with a prefetch 4 KiB ahead, eight rows a pass, in three
+ * interleaved runs of tools/kernel-bench -k avx512 on one core (Zen):
+ * 25.7-25.9 -> 32.9-33.2 GB/s in cache, 18.3-19.4 -> 23.4-28.6 from memory.
+ * On the Intel Xeon (2 MiB pages, one thread reading 18.3 GB/s), four rows a
+ * pass against eight, three interleaved runs: 14.9-15.8 against 13.4-14.1
+ * GB/s from memory, the same 33-34 in cache: eight rows and their eight
+ * prefetched ones are more lines in flight than its L1 keeps apart. */
+#define GEMV_PASS_ROWS 4
+
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
     const int group = n / QK4_0 <= Q4_CHUNK_BLOCKS ? nrows : GEMV_ROW_GROUP;
     for (int g0 = 0; g0 < nrows; g0 += group) {
         const row_seq s = row_seq_dense((const char *)w + (size_t)g0 * row_stride, row_stride,
                                         nrows - g0 < group ? nrows - g0 : group, y + g0);
-        dot_seq_q4_0(&s, x, n);
+        dot_rows_q4_0(&s, x, n, GEMV_PASS_ROWS);
     }
 }

@@ -204,27 +204,27 @@ QROW_INLINE float q4_row_chunk(const block_q4_0 *w, const q4_xquad *quads, const
     return sum;
 }
 
-/* rows one q4_rows_chunk pass reads: the 16 accumulators and a step's two
- * quads fit the 32 registers */
+/* rows one q4_rows_chunk pass reads at most: the 16 accumulators and a
+ * step's two quads fit the 32 registers */
 enum { Q4_GATHER_ROWS = 8 };
 
-/* Q4_GATHER_ROWS rows' chunks of cb blocks against activation x (its quads
- * prepared in quads) into sum[], ahead[r] the lines to prefetch as w[r]'s are
- * consumed. Each row keeps q4_row_chunk's accumulators and summation order,
+/* `rows` rows' chunks (rows <= Q4_GATHER_ROWS, a constant once inlined) of
+ * cb blocks against activation x (its quads prepared in quads) into sum[],
+ * ahead[r] the lines to prefetch as w[r]'s are consumed. Each row keeps q4_row_chunk's accumulators and summation order,
  * so gives its bits (tests/test_sparse_kernels.c, tests/test_kernels.c); their quads are
  * interleaved and each activation quad is loaded once for all of them. */
-QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, const q4_xquad *quads, const block_q8_0 *x, int cb,
-                               const char *const *ahead, float *sum) {
+QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xquad *quads, const block_q8_0 *x,
+                               int cb, const char *const *ahead, float *sum) {
     const size_t quad_bytes = 4 * sizeof(block_q4_0);
     const int nquads = cb / 4;
     __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
 #pragma GCC unroll Q4_GATHER_ROWS
-    for (int r = 0; r < Q4_GATHER_ROWS; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 2 <= nquads; k += 2) {
         const q4_xquad q0 = quads[k], q1 = quads[k + 1];
 #pragma GCC unroll Q4_GATHER_ROWS
-        for (int r = 0; r < Q4_GATHER_ROWS; r++) {
+        for (int r = 0; r < rows; r++) {
             const char *pf = ahead[r] + (size_t)k * quad_bytes; /* 144 bytes a step: 3 lines cover them */
             prefetch_l2(pf);
             prefetch_l2(pf + 64);
@@ -234,7 +234,7 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, const q4_xquad *quads
         }
     }
 #pragma GCC unroll Q4_GATHER_ROWS
-    for (int r = 0; r < Q4_GATHER_ROWS; r++) {
+    for (int r = 0; r < rows; r++) {
         if (k < nquads) {
             prefetch_l2(ahead[r] + (size_t)k * quad_bytes);
             prefetch_l2(ahead[r] + (size_t)k * quad_bytes + 64);
@@ -267,11 +267,12 @@ __attribute__((returns_nonnull)) static inline const char *gather_ahead(const ro
  * 15.9-16.7 vs 13.2-14.6; on 4 KiB shm pages dot2 13.7-16.5 vs 10.3-11.3.
  * 4 rows gained about two thirds of that, 2 rows lost 5%. The rows' 16
  * accumulators and a step's two quads still fit the 32 registers. The dense
- * gemv (kernels_fast_avx512.c) runs it over consecutive rows. */
+ * gemv (kernels_fast_avx512.c) runs it over consecutive rows, fewer a pass. */
 
 /* per chunk, the activation quads are prepared once for all the rows; the
- * rows go Q4_GATHER_ROWS at a time, the last len % Q4_GATHER_ROWS one by one */
-QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
+ * rows go `pass` at a time (at most Q4_GATHER_ROWS, a constant once inlined),
+ * each prefetching the row a pass further, the last len % pass one by one */
+QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass) {
     const int nb = n / QK4_0, len = row_seq_len(s);
     q4_xquad quads[Q4_CHUNK_BLOCKS / 4]; /* 32 KiB */
     for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
@@ -279,27 +280,29 @@ QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
         const size_t chunk_off = (size_t)b0 * sizeof(block_q4_0);
         q4_prepare_chunk(quads, x + b0, cb / 4);
         int i = 0;
-        for (; i + Q4_GATHER_ROWS <= len; i += Q4_GATHER_ROWS) {
+        for (; i + pass <= len; i += pass) {
             const block_q4_0 *w[Q4_GATHER_ROWS];
             const char *ahead[Q4_GATHER_ROWS];
             float sum[Q4_GATHER_ROWS];
-            for (int r = 0; r < Q4_GATHER_ROWS; r++) {
+            for (int r = 0; r < pass; r++) {
                 w[r] = (const block_q4_0 *)(row_seq_row(s, i + r) + chunk_off);
-                ahead[r] = gather_ahead(s, i + r, Q4_GATHER_ROWS) + chunk_off;
+                ahead[r] = gather_ahead(s, i + r, pass) + chunk_off;
             }
-            q4_rows_chunk(w, quads, x + b0, cb, ahead, sum);
-            for (int r = 0; r < Q4_GATHER_ROWS; r++) {
+            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, sum);
+            for (int r = 0; r < pass; r++) {
                 float *out = row_seq_out(s, i + r);
                 *out = b0 == 0 ? sum[r] : *out + sum[r];
             }
         }
         for (; i < len; i++) {
             const float row_sum = q4_row_chunk((const block_q4_0 *)(row_seq_row(s, i) + chunk_off), quads, x + b0,
-                                               cb, gather_ahead(s, i, Q4_GATHER_ROWS) + chunk_off);
+                                               cb, gather_ahead(s, i, pass) + chunk_off);
             float *out = row_seq_out(s, i);
             *out = b0 == 0 ? row_sum : *out + row_sum;
         }
     }
 }
+
+QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) { dot_rows_q4_0(s, x, n, Q4_GATHER_ROWS); }
 
 #endif
