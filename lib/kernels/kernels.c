@@ -1,11 +1,13 @@
-/* Run-time choice of the kernel set. The SIMD tables live in files compiled
- * with their ISA flags; this file is baseline x86-64 so it can run the CPU
- * checks before any of that code executes. The Makefile compiles the x86 ISA
- * files only for x86-64; elsewhere (ARM64) every x86 set is absent (NULL) and
- * the choice falls to scalar. */
+/* Run-time choice of the kernel set, every family at once (kernels.h says
+ * how). The SIMD tables live in files compiled with their ISA flags; this
+ * file is built for the baseline ISA so it can run the CPU checks before any
+ * of that code executes. The Makefile compiles the x86 ISA files only for
+ * x86-64 and the NEON ones only for AArch64; a set whose files are not built
+ * is absent (NULL) and the choice falls to the next. */
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +63,7 @@ static int amx_usable(void) {
 static kernels amx_set;
 static int amx_ok;
 
+/* avx512's table, every family, but for the prefill product */
 static void make_amx_set(void) {
     if (!(amx_ok = amx_usable())) return;
     amx_set = kernels_avx512_impl;
@@ -94,12 +97,6 @@ const kernels *kernels_neon_without_sdot(void) { return neon_once(), neon_wideni
 const kernels *kernels_neon(void) { return NULL; }
 const kernels *kernels_neon_without_sdot(void) { return NULL; }
 #endif
-
-const kernels *kernels_decode_set(const kernels *k) {
-    if (k && k == kernels_amx()) return kernels_avx512();
-    if (k && (k == kernels_neon() || k == kernels_neon_without_sdot())) return kernels_scalar(); /* same bits */
-    return k;
-}
 
 const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return kernels_scalar();

@@ -1,8 +1,9 @@
 /* NEON kernels (AArch64 only; NEON is part of its baseline). The quantized
  * dots take each block's integer sum with NEON and do the rest as the scalar
  * reference, in its order: every result is kernels_scalar()'s bit for bit, so
- * the scalar sparse gathers pair with this set (kernels_decode_set) and a
- * stack of ARM64 workers agrees with pi2-ref. With the dot-product extension
+ * the set, a copy of the scalar one, keeps its other families (the scalar
+ * sparse gathers, predictor gemv and prefill products) and a stack of ARM64
+ * workers agrees with pi2-ref. With the dot-product extension
  * (FEAT_DotProd: HWCAP_ASIMDDP, checked at run time) a block is two SDOTs,
  * else four widening multiplies and pairwise adds. Everything else is the
  * scalar set's. */

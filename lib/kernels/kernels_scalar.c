@@ -198,4 +198,7 @@ const kernels kernels_scalar_impl = {
     .gemm_f16 = gemm_f16_ref,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
+    .sparse = &sparse_scalar_impl,
+    .gather = &sparse_scalar_impl,
+    .pred_gemv_f16 = pred_gemv_f16_scalar,
 };

@@ -27,8 +27,7 @@ static inline float reduce16(lanes16 a) {
 
 static inline lanes16 zero16(void) { return (lanes16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 
-void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
-void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
+void pred_gemv_f16_avx2(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
     const int full = n & ~15, left = n - full;
     float xt[16] = {0};
     memcpy(xt, x + full, sizeof(float) * (size_t)left);

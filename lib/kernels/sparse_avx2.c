@@ -1,4 +1,4 @@
-/* AVX2 + FMA + F16C sparse kernels; reached only through sparse_kernels_avx2()
+/* AVX2 + FMA + F16C sparse kernels; reached only through the avx2 kernel set
  * after the CPU check. Dots are kernels_avx2.c's rows (kernels_avx2.h), one
  * row at a time (AVX2 has no cheaper multi-row form: the per-block work is
  * weight-side); axpy follows the scalar definition exactly.
