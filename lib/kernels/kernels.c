@@ -7,6 +7,9 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,11 +20,14 @@
 #include "kernels/kernels.h"
 #include "util/log.h"
 
-/* defined in kernels_scalar.c, kernels_avx2.c, kernels_avx512.c */
+/* defined in kernels_scalar.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c */
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
 extern const kernels kernels_avx512_exact_impl;
+extern const kernels kernels_neon_impl;
+extern const kernels kernels_neon_sdot_impl;
+extern const kernels kernels_neon_without_sdot_impl;
 
 const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
 
@@ -84,15 +90,14 @@ const kernels *kernels_amx(void) { return NULL; }
 #endif
 
 #if defined(__aarch64__)
-void kernels_neon_make(const kernels **best, const kernels **without_sdot); /* kernels_neon.c */
-static const kernels *neon_best, *neon_widening;
-static void make_neon_sets(void) { kernels_neon_make(&neon_best, &neon_widening); }
-static void neon_once(void) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, make_neon_sets);
-}
-const kernels *kernels_neon(void) { return neon_once(), neon_best; }
-const kernels *kernels_neon_without_sdot(void) { return neon_once(), neon_widening; }
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+/* FEAT_DotProd: SDOT, which the kernels_neon_sdot_impl table's kernels use */
+static int cpu_has_sdot(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+
+const kernels *kernels_neon(void) { return cpu_has_sdot() ? &kernels_neon_sdot_impl : &kernels_neon_impl; }
+const kernels *kernels_neon_without_sdot(void) { return &kernels_neon_without_sdot_impl; }
 #else
 const kernels *kernels_neon(void) { return NULL; }
 const kernels *kernels_neon_without_sdot(void) { return NULL; }

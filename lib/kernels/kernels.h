@@ -13,10 +13,10 @@
  * How a set is chosen, for every family at once: a set is one table (struct
  * kernels) that names its dense kernels, its sparse gathers and axpys, its
  * predictor gemvs and its prefill products. Each ISA file defines its tables
- * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c; amx is made from
- * avx512's in kernels.c, neon from scalar's in kernels_neon.c) and is
- * compiled only for its architecture, with its flags. kernels.c asks the
- * CPU what it runs (CPUID on x86-64) and offers a table only where it
+ * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c; amx
+ * is made from avx512's in kernels.c) and is compiled only for its
+ * architecture, with its flags. kernels.c alone asks the CPU what it runs
+ * (CPUID on x86-64, HWCAP on AArch64) and offers a table only where it
  * runs; kernels_best() takes the fastest offered, or PI2_KERNELS's. Callers
  * take every family from that one table, so the families cannot disagree. */
 #ifndef PI2_KERNELS_H
@@ -31,7 +31,7 @@
 #include "kernels/sparse_kernels.h"
 
 typedef struct {
-    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact", "amx", "neon" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact", "amx", "neon", "neon (no SDOT)" */
     /* n: any length */
     float (*dot_f32)(const float *w, const float *x, int n);
     float (*dot_f16)(const uint16_t *w, const uint16_t *x, int n);
@@ -95,8 +95,9 @@ const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 const kernels *kernels_avx512_exact(void); /* likewise */
-/* AArch64 (NULL elsewhere): the scalar set with NEON quantized dots that give
- * its bits exactly (SDOT where the CPU has the dot-product extension) */
+/* AArch64 (NULL elsewhere): NEON kernels that give the scalar set's bits
+ * exactly (kernels_neon.c says which stay scalar); the integer block sums
+ * by SDOT where the CPU has the dot-product extension */
 const kernels *kernels_neon(void);
 const kernels *kernels_neon_without_sdot(void); /* the same without SDOT, which a CPU may lack (tests) */
 /* avx512 with the prefill product on AMX tiles; NULL without AMX-INT8 or the
@@ -108,7 +109,8 @@ const kernels *kernels_by_name(const char *name);
 /* Reference (scalar) conversions; also used for writing weights. */
 void quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n);
 void quantize_row_q4_0_ref(const float *x, block_q4_0 *y, int64_t n);
-/* Reference softmax exponentials and SwiGLU (libm expf), for the kernel tables. */
+/* Reference F32 dot, softmax exponentials and SwiGLU (libm expf), for the kernel tables. */
+float dot_f32_ref(const float *w, const float *x, int n);
 double softmax_exp_ref(float *y, const float *x, float max, int n);
 void silu_mul_ref(float *h, const float *g, const float *u, int n);
 /* Dequantize n elements of a row of any supported type to float. */

@@ -1,4 +1,4 @@
-/* Private to the sparse_*.c kernel files and kernels_q_avx512.h: the
+/* Private to the sparse_*.c kernel files, kernels_q_avx512.h and kernels_neon.h: the
  * sequence of rows a gather dot visits, and the groups of rows the SIMD
  * axpys apply together. A plain gather visits row idx[k] of one matrix; the
  * fused gate+up form alternates between two matrices (w_a row idx[0], w_b
@@ -98,6 +98,11 @@ static inline __attribute__((always_inline)) void axpy_prefetch_next(const char 
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
         if (next[r]) __builtin_prefetch(next[r] + last, 0, 2); /* read, T1 on x86 */
+}
+
+/* the same for one row, next (NULL: none) */
+static inline __attribute__((always_inline)) void prefetch_next_row(const char *next, size_t off, size_t step) {
+    axpy_prefetch_next(&next, 1, off, step);
 }
 
 #endif
