@@ -4,7 +4,8 @@
  * (the last one, ending exactly at the end of its allocation, so ASan sees any
  * read past a row), all rows in order, all rows shuffled, random subsets and 3 and 5 rows:
  *   - gather dot equals the dense dot of its kernel set bit for bit,
- *     and the fused gate+up form equals two plain gathers;
+ *     and the fused gate+up form equals two plain gathers; in the neon sets,
+ *     which promise the scalar set's bits, it equals the scalar gather too;
  *   - every ISA's dot is within the summation-order bound of the scalar one,
  *     and the scalar one within the rounding bound of a double reference;
  *   - gather axpy is bit-exact with the scalar one (a fixed fma order; Q4_0's
@@ -13,6 +14,7 @@
  * Rows sit at unaligned addresses, and with a padded stride the padding holds
  * NaN bytes, so a kernel that reads outside its rows changes the results. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,8 @@ static int make_index_set(int kind, int rows, int32_t *idx) {
 static const kernels *sets[5];
 static int nsets;
 
+static bool promises_scalar_bits(const kernels *k) { return k == kernels_neon() || k == kernels_neon_without_sdot(); }
+
 static void check_dots(const matrix *a, const matrix *b, const activation *x, const int32_t *idx, int count,
                        const char *what) {
     const int n = a->n;
@@ -174,8 +178,9 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
         sk->dot(a->base, a->stride, idx, count, x->conv, n, out, &then);
         sk->dot2(a->base, b->base, a->stride, idx, count, x->conv, n, out_a, out_b, NULL);
 
-        int not_dense = 0, not_fused = 0, off_scalar = 0;
+        int not_dense = 0, not_fused = 0, off_scalar = 0, not_scalar = 0;
         for (int k = 0; k < count; k++) {
+            not_scalar += memcmp(&out[k], &ref[k], sizeof *out) != 0;
             not_dense += out[k] != dense_dot(dense, a->type, row_ptr(a, idx[k]), x->conv, n);
             not_fused += out_a[k] != out[k] ||
                          out_b[k] != dense_dot(dense, b->type, row_ptr(b, idx[k]), x->conv, n);
@@ -187,6 +192,9 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
               not_dense, count);
         CHECK(not_fused == 0, "%s %s: %d of %d fused gate/up dots differ", what, sets[s]->name, not_fused, count);
         CHECK(off_scalar == 0, "%s %s: %d of %d dots off the scalar ones", what, sets[s]->name, off_scalar, count);
+        if (promises_scalar_bits(dense))
+            CHECK(not_scalar == 0, "%s %s: %d of %d dots not the scalar ones' bits", what, sets[s]->name, not_scalar,
+                  count);
         CHECK(out[count] == 12345.0f && out_a[count] == 12345.0f && out_b[count] == 12345.0f,
               "%s %s: wrote past count outputs", what, sets[s]->name);
         free(out);

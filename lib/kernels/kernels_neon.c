@@ -7,18 +7,18 @@
  *                               float part as the reference, block after block
  *   dot_f16                     the widening and the products in NEON; the
  *                               products added one by one, in order
- *   dot_f16_rows                four rows side by side, one serial chain per
- *                               lane (kernels_neon.h float_rows4)
- *   quantize_q8_0, f32_to_f16_row, axpy_f32
+ *   dot_f16_rows, the F32/F16   four rows side by side, one serial chain per
+ *   gathers (sparse_neon.c)     lane (kernels_neon.h float_rows4)
+ *   quantize_q8_0, f32_to_f16_row, axpy_f32, the sparse axpys
  *                               element by element, each element's operations
- *                               as the reference's (a multiply then an add,
- *                               FCVTN, rounding to even)
+ *                               as the reference's (a multiply then an add, one
+ *                               fused multiply-add, FCVTN, rounding to even)
  *
  * What stays scalar: dot_f32, one serial chain of multiply-then-add with
  * nothing to widen (NEON products would leave the same chain of adds);
  * softmax_exp and silu_mul, libm's expf; gemv_q8_0 and the Q8_0 predictor
- * gemv, absent as in the scalar set (kernels.h says why); for now the sparse
- * kernels, the F16 predictor gemv and the prefill products.
+ * gemv, absent as in the scalar set (kernels.h says why); for now the F16
+ * predictor gemv and the prefill products.
  *
  * With the dot-product extension (FEAT_DotProd: HWCAP_ASIMDDP, checked in
  * kernels.c) the integer block sums are SDOTs, else widening multiplies
@@ -113,16 +113,16 @@ static void axpy_f32_neon(float *y, float a, const float *w, int n) {
     for (; i < n; i++) y[i] += a * w[i];
 }
 
-#define NEON_SET(NAME, SUFFIX)                                                                                 \
+#define NEON_SET(NAME, SUFFIX, SPARSE)                                                                         \
     {                                                                                                          \
         .name = NAME, .dot_f32 = dot_f32_ref, .dot_f16 = dot_f16_neon, .dot_f16_rows = dot_f16_rows_neon,     \
         .dot_q8_0 = dot_q8_0_##SUFFIX, .dot_q4_0 = dot_q4_0_##SUFFIX, .quantize_q8_0 = quantize_q8_0_neon,     \
         .f32_to_f16_row = f32_to_f16_row_neon, .axpy_f32 = axpy_f32_neon, .gemv_q4_0 = gemv_q4_0_##SUFFIX,    \
         .gemm_q4_0 = gemm_q4_0_ref, .gemm_f32 = gemm_f32_ref, .gemm_f16 = gemm_f16_ref,                       \
-        .softmax_exp = softmax_exp_ref, .silu_mul = silu_mul_ref, .sparse = &sparse_scalar_impl,              \
-        .gather = &sparse_scalar_impl, .pred_gemv_f16 = pred_gemv_f16_scalar,                                  \
+        .softmax_exp = softmax_exp_ref, .silu_mul = silu_mul_ref, .sparse = SPARSE, .gather = SPARSE,         \
+        .pred_gemv_f16 = pred_gemv_f16_scalar,                                                                 \
     }
 
-const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot);
-const kernels kernels_neon_impl = NEON_SET("neon", neon);
-const kernels kernels_neon_without_sdot_impl = NEON_SET("neon (no SDOT)", neon);
+const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot, &sparse_neon_sdot_impl);
+const kernels kernels_neon_impl = NEON_SET("neon", neon, &sparse_neon_impl);
+const kernels kernels_neon_without_sdot_impl = NEON_SET("neon (no SDOT)", neon, &sparse_neon_impl);

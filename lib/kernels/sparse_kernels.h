@@ -80,7 +80,7 @@ typedef struct {
 } sparse_type_kernels;
 
 typedef struct sparse_kernels {
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "neon", "neon (SDOT)" */
     sparse_type_kernels f32, f16, q8_0, q4_0;
 } sparse_kernels;
 
@@ -90,6 +90,8 @@ typedef struct sparse_kernels {
 extern const sparse_kernels sparse_scalar_impl;
 extern const sparse_kernels sparse_avx2_impl;
 extern const sparse_kernels sparse_avx512_impl;
+extern const sparse_kernels sparse_neon_impl;      /* the dots' block sums by widening multiplies */
+extern const sparse_kernels sparse_neon_sdot_impl; /* by SDOT (FEAT_DotProd) */
 
 /* the kernels for a ggml weight type (F32, F16, Q8_0, Q4_0); NULL for any other */
 static inline const sparse_type_kernels *sparse_kernels_for_type(const sparse_kernels *k, uint32_t type) {
