@@ -13,12 +13,14 @@
  *                               element by element, each element's operations
  *                               as the reference's (a multiply then an add, one
  *                               fused multiply-add, FCVTN, rounding to even)
+ *   predictor gemv              its family defines lanes (pred_gemv.h): the
+ *                               lanes are NEON lanes
  *
  * What stays scalar: dot_f32, one serial chain of multiply-then-add with
  * nothing to widen (NEON products would leave the same chain of adds);
  * softmax_exp and silu_mul, libm's expf; gemv_q8_0 and the Q8_0 predictor
- * gemv, absent as in the scalar set (kernels.h says why); for now the F16
- * predictor gemv and the prefill products.
+ * gemv, absent as in the scalar set (kernels.h says why); for now the
+ * prefill products.
  *
  * With the dot-product extension (FEAT_DotProd: HWCAP_ASIMDDP, checked in
  * kernels.c) the integer block sums are SDOTs, else widening multiplies
@@ -120,7 +122,7 @@ static void axpy_f32_neon(float *y, float a, const float *w, int n) {
         .f32_to_f16_row = f32_to_f16_row_neon, .axpy_f32 = axpy_f32_neon, .gemv_q4_0 = gemv_q4_0_##SUFFIX,    \
         .gemm_q4_0 = gemm_q4_0_ref, .gemm_f32 = gemm_f32_ref, .gemm_f16 = gemm_f16_ref,                       \
         .softmax_exp = softmax_exp_ref, .silu_mul = silu_mul_ref, .sparse = SPARSE, .gather = SPARSE,         \
-        .pred_gemv_f16 = pred_gemv_f16_scalar,                                                                 \
+        .pred_gemv_f16 = pred_gemv_f16_neon,                                                                   \
     }
 
 const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot, &sparse_neon_sdot_impl);

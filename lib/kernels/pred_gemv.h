@@ -26,10 +26,11 @@ typedef void (*pred_gemv_f16_fn)(const void *w, size_t row_stride, int rows, con
 typedef void (*pred_gemv_q8_0_fn)(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
 
 void pred_gemv_f16_scalar(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
-/* per ISA (pred_gemv_avx2.c, pred_gemv_avx512.c), reached through a kernel
- * set after its CPU check */
+/* per ISA (pred_gemv_avx2.c, pred_gemv_avx512.c, pred_gemv_neon.c), reached
+ * through a kernel set after its CPU check */
 void pred_gemv_f16_avx2(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 void pred_gemv_f16_avx512(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 void pred_gemv_q8_0_avx512(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
+void pred_gemv_f16_neon(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
 
 #endif
