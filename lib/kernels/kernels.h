@@ -96,8 +96,8 @@ const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 const kernels *kernels_avx512_exact(void); /* likewise */
 /* AArch64 (NULL elsewhere): NEON kernels that give the scalar set's bits
- * exactly (kernels_neon.c says which stay scalar); the integer block sums
- * by SDOT where the CPU has the dot-product extension */
+ * exactly, in every family (kernels_neon.c says which stay scalar); the
+ * integer block sums by SDOT where the CPU has the dot-product extension */
 const kernels *kernels_neon(void);
 const kernels *kernels_neon_without_sdot(void); /* the same without SDOT, which a CPU may lack (tests) */
 /* avx512 with the prefill product on AMX tiles; NULL without AMX-INT8 or the

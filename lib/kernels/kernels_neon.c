@@ -1,7 +1,7 @@
-/* The neon kernel sets (AArch64 only; NEON is part of its baseline): NEON
- * where it can keep the scalar reference's order, so that every result is
- * kernels_scalar()'s bit for bit and a stack of ARM64 workers agrees with
- * pi2-ref. How each kernel keeps the order:
+/* The neon kernel sets (AArch64 only; NEON is part of its baseline): every
+ * family with NEON where it can keep the scalar reference's order, so that
+ * every result is kernels_scalar()'s bit for bit and a stack of ARM64
+ * workers agrees with pi2-ref. How each kernel keeps the order:
  *
  *   quantized dots, gemv_q4_0   each block's integer sum in NEON (exact), the
  *                               float part as the reference, block after block
@@ -13,14 +13,13 @@
  *                               element by element, each element's operations
  *                               as the reference's (a multiply then an add, one
  *                               fused multiply-add, FCVTN, rounding to even)
- *   predictor gemv              its family defines lanes (pred_gemv.h): the
- *                               lanes are NEON lanes
+ *   predictor gemv, prefill     their families define lanes (pred_gemv.h,
+ *   products                    gemm.h): the lanes are NEON lanes
  *
  * What stays scalar: dot_f32, one serial chain of multiply-then-add with
  * nothing to widen (NEON products would leave the same chain of adds);
  * softmax_exp and silu_mul, libm's expf; gemv_q8_0 and the Q8_0 predictor
- * gemv, absent as in the scalar set (kernels.h says why); for now the
- * prefill products.
+ * gemv, absent as in the scalar set (kernels.h says why).
  *
  * With the dot-product extension (FEAT_DotProd: HWCAP_ASIMDDP, checked in
  * kernels.c) the integer block sums are SDOTs, else widening multiplies
@@ -115,16 +114,16 @@ static void axpy_f32_neon(float *y, float a, const float *w, int n) {
     for (; i < n; i++) y[i] += a * w[i];
 }
 
-#define NEON_SET(NAME, SUFFIX, SPARSE)                                                                         \
+#define NEON_SET(NAME, SUFFIX, SPARSE, GEMM_Q4_0)                                                             \
     {                                                                                                          \
         .name = NAME, .dot_f32 = dot_f32_ref, .dot_f16 = dot_f16_neon, .dot_f16_rows = dot_f16_rows_neon,     \
         .dot_q8_0 = dot_q8_0_##SUFFIX, .dot_q4_0 = dot_q4_0_##SUFFIX, .quantize_q8_0 = quantize_q8_0_neon,     \
         .f32_to_f16_row = f32_to_f16_row_neon, .axpy_f32 = axpy_f32_neon, .gemv_q4_0 = gemv_q4_0_##SUFFIX,    \
-        .gemm_q4_0 = gemm_q4_0_ref, .gemm_f32 = gemm_f32_ref, .gemm_f16 = gemm_f16_ref,                       \
+        .gemm_q4_0 = GEMM_Q4_0, .gemm_f32 = gemm_f32_neon, .gemm_f16 = gemm_f16_neon,                         \
         .softmax_exp = softmax_exp_ref, .silu_mul = silu_mul_ref, .sparse = SPARSE, .gather = SPARSE,         \
         .pred_gemv_f16 = pred_gemv_f16_neon,                                                                   \
     }
 
-const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot, &sparse_neon_sdot_impl);
-const kernels kernels_neon_impl = NEON_SET("neon", neon, &sparse_neon_impl);
-const kernels kernels_neon_without_sdot_impl = NEON_SET("neon (no SDOT)", neon, &sparse_neon_impl);
+const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot, &sparse_neon_sdot_impl, gemm_q4_0_neon_sdot);
+const kernels kernels_neon_impl = NEON_SET("neon", neon, &sparse_neon_impl, gemm_q4_0_neon);
+const kernels kernels_neon_without_sdot_impl = NEON_SET("neon (no SDOT)", neon, &sparse_neon_impl, gemm_q4_0_neon);
