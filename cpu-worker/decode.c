@@ -514,8 +514,8 @@ decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, 
     d->in.q8 = calloc_flagged(wide / QK8_0 + 1, sizeof(block_q8_0), &bad);
     d->partials = stack_act_f32(sv, L->ffn_partials);
     d->queues = stack_act_f32(sv, L->chunk_queues);
-    d->gather = ffn_gather_for(d->k);
-    d->axpy = sparse_kernels_best();
+    d->gather = d->k->gather;
+    d->axpy = d->k->sparse;
     d->n_threads = d->pool ? pool_size(d->pool) : 0;
     d->scratch = calloc_flagged((size_t)d->n_threads, sizeof *d->scratch, &bad);
     for (int t = 0; t < d->n_threads && d->scratch; t++) bad |= ffn_scratch_init(&d->scratch[t], m) != 0;

@@ -173,7 +173,7 @@ static double axpy_pass(void *ctx) {
  * dealt into classes for the gathers. */
 static int kernel_bench_init(kernel_bench *b, uint8_t *buf, size_t bytes, uint32_t type, int row_len) {
     const size_t row_bytes = ggml_row_bytes(type, (uint64_t)row_len);
-    b->sk = sparse_kernels_for_type(sparse_kernels_best(), type);
+    b->sk = sparse_kernels_for_type(kernels_best()->sparse, type);
     if (!b->sk || row_bytes == 0 || bytes / row_bytes < SPARSE_SHARE || bytes / row_bytes > INT32_MAX) return -1;
     fill_rows(buf, bytes, type, 1);
     b->w = (weight){.data = buf, .type = type, .rows = (int64_t)(bytes / row_bytes), .cols = row_len,

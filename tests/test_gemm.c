@@ -1,6 +1,7 @@
 /* The prefill product (lib/kernels/gemm.h): the scalar reference against a
  * hand-computed block and against the dequantized product in double; every
- * kernel set's gemm_q4_0 against the reference bit for bit on odd shapes
+ * kernel set's gemm_q4_0 (the neon ones with and without SDOT too) against
+ * the reference bit for bit on odd shapes
  * (token counts 1-33 around the 16-token tiles, row counts around the
  * 16-row tiles, 1 to 130 blocks), cells outside the output untouched; and a
  * token's bits the same whatever tile or call it is packed in. The float
@@ -282,9 +283,11 @@ int main(void) {
     test_known_block();
     test_reference_vs_double();
     test_float_reference();
-    const char *names[] = {"scalar", "avx2", "avx512", "amx"};
-    for (int i = 0; i < COUNT(names); i++) {
-        const kernels *k = kernels_by_name(names[i]);
+    const kernels *sets[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(),
+                             kernels_amx(),    kernels_neon(), kernels_neon_without_sdot()};
+    const char *names[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon without SDOT"};
+    for (int i = 0; i < COUNT(sets); i++) {
+        const kernels *k = sets[i];
         if (!k) {
             SKIP("kernel set %s (this CPU lacks it)", names[i]);
             continue;

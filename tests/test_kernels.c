@@ -335,35 +335,80 @@ static void test_gemv(const kernels *k) {
     if (k->gemv_q8_0) test_gemv_type(k, GGML_TYPE_Q8_0);
 }
 
-/* A set whose decode kernels are scalar's (kernels_decode_set: neon) gives
- * the scalar quantized dots' bits exactly: the scalar sparse gathers are
- * paired with it. Quants over the whole int8 range (-128 included). */
+static int bits_differ(float a, float b) { return memcmp(&a, &b, sizeof a) != 0; }
+
+/* 1 when rows outputs are not want's bits, or the one after them (set to
+ * 12345) was written */
+static int rows_not_bits(const float *got, const float *want, int rows) {
+    return memcmp(got, want, sizeof(float) * (size_t)rows) != 0 || got[rows] != 12345.0f;
+}
+
+/* A set that promises the scalar set's bits (neon: an ARM64 stack then
+ * agrees with pi2-ref) gives the scalar quantized dots' bits exactly, and
+ * its gemv each row's. Quants over the whole int8 range (-128 included). */
 static void test_scalar_bits(const kernels *k) {
-    if (kernels_decode_set(k) != kernels_scalar() || k == kernels_scalar()) return;
     const kernels *ref = kernels_scalar();
-    enum { MAX_BLOCKS = 130 };
+    enum { MAX_BLOCKS = 130, GEMV_ROWS = 7 };
     static block_q8_0 w8[MAX_BLOCKS], x8[MAX_BLOCKS];
-    static block_q4_0 w4[MAX_BLOCKS];
+    static block_q4_0 w4[GEMV_ROWS * (MAX_BLOCKS + 1)];
     int bad8 = 0, bad4 = 0, badg = 0, cases = 0;
     for (int nb = 1; nb <= MAX_BLOCKS; nb++, cases++) {
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < GEMV_ROWS * (nb + 1); b++) { /* rows nb + 1 blocks apart */
             const uint16_t dw = f32_to_f16(ldexpf(rng_value(), -(int)(rng_u32() % 8))), dx = f32_to_f16(rng_value());
-            memcpy(&w8[b].d, &dw, sizeof dw), memcpy(&x8[b].d, &dx, sizeof dx), memcpy(&w4[b].d, &dw, sizeof dw);
-            for (int j = 0; j < QK8_0; j++) w8[b].qs[j] = (int8_t)rng_u32(), x8[b].qs[j] = (int8_t)rng_u32();
+            memcpy(&w4[b].d, &dw, sizeof dw);
             for (int j = 0; j < QK4_0 / 2; j++) w4[b].qs[j] = (uint8_t)rng_u32();
+            if (b >= nb) continue;
+            memcpy(&w8[b].d, &dw, sizeof dw), memcpy(&x8[b].d, &dx, sizeof dx);
+            for (int j = 0; j < QK8_0; j++) w8[b].qs[j] = (int8_t)rng_u32(), x8[b].qs[j] = (int8_t)rng_u32();
         }
         const int n = nb * 32;
-        float a = ref->dot_q8_0(w8, x8, n), b = k->dot_q8_0(w8, x8, n);
-        bad8 += memcmp(&a, &b, sizeof a) != 0;
-        a = ref->dot_q4_0(w4, x8, n), b = k->dot_q4_0(w4, x8, n);
-        bad4 += memcmp(&a, &b, sizeof a) != 0;
-        float y[2];
-        k->gemv_q4_0(w4, 0, x8, y, 2, n);
-        badg += memcmp(&y[0], &a, sizeof a) != 0 || memcmp(&y[1], &a, sizeof a) != 0;
+        bad8 += bits_differ(ref->dot_q8_0(w8, x8, n), k->dot_q8_0(w8, x8, n));
+        bad4 += bits_differ(ref->dot_q4_0(w4, x8, n), k->dot_q4_0(w4, x8, n));
+        float y[GEMV_ROWS + 1], want[GEMV_ROWS];
+        y[GEMV_ROWS] = 12345.0f;
+        k->gemv_q4_0(w4, (size_t)(nb + 1) * sizeof(block_q4_0), x8, y, GEMV_ROWS, n);
+        for (int r = 0; r < GEMV_ROWS; r++) want[r] = ref->dot_q4_0(w4 + r * (nb + 1), x8, n);
+        badg += rows_not_bits(y, want, GEMV_ROWS);
     }
     CHECK(bad8 == 0, "%s dot_q8_0: %d of %d lengths not scalar's bits", k->name, bad8, cases);
     CHECK(bad4 == 0, "%s dot_q4_0: %d of %d lengths not scalar's bits", k->name, bad4, cases);
-    CHECK(badg == 0, "%s gemv_q4_0: %d of %d lengths not scalar's bits", k->name, badg, cases);
+    CHECK(badg == 0, "%s gemv_q4_0: %d of %d lengths not scalar's bits (or wrote past its rows)", k->name, badg,
+          cases);
+}
+
+/* The same promise for the float dots: dot_f32, dot_f16 and dot_f16_rows
+ * give the scalar dots' bits, every length from 1 to 200 and a few long
+ * ones, magnitudes from subnormal F16 to large, so that sums round and
+ * cancel, and 1 to 9 rows (dot_f16_rows: groups and a remainder). */
+static void test_scalar_float_bits(const kernels *k) {
+    const kernels *ref = kernels_scalar();
+    enum { MAX_LEN = 4097, MAX_ROWS = 9, LONG = 200 };
+    static float w[MAX_LEN], x[MAX_LEN];
+    static uint16_t w16[MAX_ROWS * (MAX_LEN + 3)], x16[MAX_LEN];
+    int bad32 = 0, bad16 = 0, bad_rows = 0, cases = 0;
+    for (int n = 1; n <= LONG + 2; n++, cases++) {
+        const int len = n <= LONG ? n : n == LONG + 1 ? 1000 : MAX_LEN;
+        const int rows = 1 + n % MAX_ROWS;
+        const size_t stride = (size_t)len + (size_t)(n % 4);
+        for (int i = 0; i < len; i++) {
+            w[i] = ldexpf(rng_value(), (int)(rng_u32() % 24) - 16);
+            x[i] = ldexpf(rng_value(), (int)(rng_u32() % 24) - 16);
+            x16[i] = f32_to_f16(x[i]);
+        }
+        for (size_t i = 0; i < stride * (size_t)rows; i++)
+            w16[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+        bad32 += bits_differ(ref->dot_f32(w, x, len), k->dot_f32(w, x, len));
+        bad16 += bits_differ(ref->dot_f16(w16, x16, len), k->dot_f16(w16, x16, len));
+        float out[MAX_ROWS + 1], want[MAX_ROWS];
+        out[rows] = 12345.0f;
+        k->dot_f16_rows(w16, stride, rows, x16, len, out);
+        for (int r = 0; r < rows; r++) want[r] = ref->dot_f16(w16 + (size_t)r * stride, x16, len);
+        bad_rows += rows_not_bits(out, want, rows);
+    }
+    CHECK(bad32 == 0, "%s dot_f32: %d of %d lengths not scalar's bits", k->name, bad32, cases);
+    CHECK(bad16 == 0, "%s dot_f16: %d of %d lengths not scalar's bits", k->name, bad16, cases);
+    CHECK(bad_rows == 0, "%s dot_f16_rows: %d of %d lengths not scalar's bits (or wrote past its rows)", k->name,
+          bad_rows, cases);
 }
 
 /* dot_f16_rows equals the set's own dot_f16 on every row, bit for bit
@@ -470,7 +515,10 @@ int main(void) {
         test_float_kernels(sets[i]);
         test_quantized_kernels(sets[i]);
         test_gemv(sets[i]);
-        test_scalar_bits(sets[i]);
+        if (sets[i] == kernels_neon() || sets[i] == kernels_neon_without_sdot()) {
+            test_scalar_bits(sets[i]);
+            test_scalar_float_bits(sets[i]);
+        }
         test_dot_f16_rows(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);

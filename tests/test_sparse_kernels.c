@@ -1,9 +1,11 @@
-/* Sparse kernel tests. For every kernel set this CPU can run, on random rows of
- * every weight type and many lengths, with index sets that are empty, one row
+/* Sparse kernel tests. For every kernel set this CPU can run (the sparse
+ * kernels its table names: kernels.h), on random rows of every weight type
+ * and many lengths, with index sets that are empty, one row
  * (the last one, ending exactly at the end of its allocation, so ASan sees any
  * read past a row), all rows in order, all rows shuffled, random subsets and 3 and 5 rows:
- *   - gather dot equals the dense dot of its matching kernels.h set bit for bit,
- *     and the fused gate+up form equals two plain gathers;
+ *   - gather dot equals the dense dot of its kernel set bit for bit,
+ *     and the fused gate+up form equals two plain gathers; in the neon sets,
+ *     which promise the scalar set's bits, it equals the scalar gather too;
  *   - every ISA's dot is within the summation-order bound of the scalar one,
  *     and the scalar one within the rounding bound of a double reference;
  *   - gather axpy is bit-exact with the scalar one (a fixed fma order; Q4_0's
@@ -12,6 +14,7 @@
  * Rows sit at unaligned addresses, and with a padded stride the padding holds
  * NaN bytes, so a kernel that reads outside its rows changes the results. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,14 +136,17 @@ static int make_index_set(int kind, int rows, int32_t *idx) {
 
 /* ---- checks ---- */
 
-static const sparse_kernels *sets[3];
+/* the kernel sets this CPU runs, each with its sparse kernels */
+static const kernels *sets[5];
 static int nsets;
+
+static bool promises_scalar_bits(const kernels *k) { return k == kernels_neon() || k == kernels_neon_without_sdot(); }
 
 static void check_dots(const matrix *a, const matrix *b, const activation *x, const int32_t *idx, int count,
                        const char *what) {
     const int n = a->n;
     float *ref = malloc(((size_t)count + 1) * sizeof *ref);
-    sparse_kernels_for_type(sparse_kernels_scalar(), a->type)
+    sparse_kernels_for_type(kernels_scalar()->sparse, a->type)
         ->dot(a->base, a->stride, idx, count, x->conv, n, ref, NULL);
 
     /* the scalar reference against double arithmetic; magnitude[k]: sum |w x| of row idx[k] */
@@ -159,8 +165,9 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
     CHECK(bad_scalar == 0, "%s: %d scalar gather dots off the double reference", what, bad_scalar);
 
     for (int s = 0; s < nsets; s++) {
-        const sparse_type_kernels *sk = sparse_kernels_for_type(sets[s], a->type);
-        const kernels *dense = sparse_kernels_dense_match(sets[s]);
+        const kernels *dense = sets[s];
+        if (!dense->gather) continue;
+        const sparse_type_kernels *sk = sparse_kernels_for_type(dense->gather, a->type);
         float *out = malloc(((size_t)count + 1) * sizeof *out), *out_a = malloc(((size_t)count + 1) * sizeof *out);
         float *out_b = malloc(((size_t)count + 1) * sizeof *out);
         out[count] = out_a[count] = out_b[count] = 12345.0f; /* must stay untouched */
@@ -171,8 +178,9 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
         sk->dot(a->base, a->stride, idx, count, x->conv, n, out, &then);
         sk->dot2(a->base, b->base, a->stride, idx, count, x->conv, n, out_a, out_b, NULL);
 
-        int not_dense = 0, not_fused = 0, off_scalar = 0;
+        int not_dense = 0, not_fused = 0, off_scalar = 0, not_scalar = 0;
         for (int k = 0; k < count; k++) {
+            not_scalar += memcmp(&out[k], &ref[k], sizeof *out) != 0;
             not_dense += out[k] != dense_dot(dense, a->type, row_ptr(a, idx[k]), x->conv, n);
             not_fused += out_a[k] != out[k] ||
                          out_b[k] != dense_dot(dense, b->type, row_ptr(b, idx[k]), x->conv, n);
@@ -184,6 +192,9 @@ static void check_dots(const matrix *a, const matrix *b, const activation *x, co
               not_dense, count);
         CHECK(not_fused == 0, "%s %s: %d of %d fused gate/up dots differ", what, sets[s]->name, not_fused, count);
         CHECK(off_scalar == 0, "%s %s: %d of %d dots off the scalar ones", what, sets[s]->name, off_scalar, count);
+        if (promises_scalar_bits(dense))
+            CHECK(not_scalar == 0, "%s %s: %d of %d dots not the scalar ones' bits", what, sets[s]->name, not_scalar,
+                  count);
         CHECK(out[count] == 12345.0f && out_a[count] == 12345.0f && out_b[count] == 12345.0f,
               "%s %s: wrote past count outputs", what, sets[s]->name);
         free(out);
@@ -208,7 +219,7 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
     rng_fill(y0, n);
     float *ref = malloc(((size_t)n + 1) * sizeof *ref);
     memcpy(ref, y0, (size_t)n * sizeof *ref);
-    sparse_kernels_for_type(sparse_kernels_scalar(), m->type)
+    sparse_kernels_for_type(kernels_scalar()->sparse, m->type)
         ->axpy(m->base, m->stride, idx, coef, count, ref, n, NULL);
 
     /* the scalar reference against y0 + W^T coef in double: each term carries
@@ -247,7 +258,7 @@ static void check_axpy(const matrix *m, const int32_t *idx, int count, const cha
         float *y = malloc(((size_t)n + 1) * sizeof *y);
         memcpy(y, y0, (size_t)n * sizeof *y);
         y[n] = 12345.0f;
-        sparse_kernels_for_type(sets[s / 2], m->type)
+        sparse_kernels_for_type(sets[s / 2]->sparse, m->type)
             ->axpy(m->base, m->stride, idx, coef, count, y, n, s % 2 ? &then : NULL);
         int differ = 0;
         for (int i = 0; i < n; i++) differ += memcmp(&y[i], &ref[i], sizeof *y) != 0;
@@ -285,18 +296,23 @@ static void test_type(uint32_t type, const int *lengths, int nlengths) {
     }
 }
 
+/* every set names its sparse kernels, and its gathers are those or none */
 static void test_dispatch(void) {
-    CHECK(strcmp(sparse_kernels_best()->name, "scalar") == 0, "PI2_KERNELS=scalar chose %s",
-          sparse_kernels_best()->name);
-    CHECK(sparse_kernels_for_type(sparse_kernels_scalar(), 6) == NULL, "a Q5_0 table");
-    CHECK((sparse_kernels_avx2() != NULL) == (kernels_avx2() != NULL), "avx2 sparse set offered iff the dense one");
-    CHECK((sparse_kernels_avx512() != NULL) == (kernels_avx512() != NULL),
-          "avx512 sparse set offered iff the dense one");
-    const sparse_kernels *all[3] = {sparse_kernels_scalar(), sparse_kernels_avx2(), sparse_kernels_avx512()};
-    for (int i = 0; i < 3; i++)
-        if (all[i])
-            CHECK(strcmp(sparse_kernels_dense_match(all[i])->name, all[i]->name) == 0,
-                  "%s matches the dense %s set", all[i]->name, sparse_kernels_dense_match(all[i])->name);
+    CHECK(kernels_best()->sparse == kernels_scalar()->sparse, "PI2_KERNELS=scalar chose the %s sparse kernels",
+          kernels_best()->sparse->name);
+    CHECK(sparse_kernels_for_type(kernels_scalar()->sparse, 6) == NULL, "a Q5_0 table");
+    const char *names[] = {"scalar", "avx2", "avx512", "avx512-exact", "amx", "neon"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const kernels *k = kernels_by_name(names[i]);
+        if (k)
+            CHECK(k->sparse && (!k->gather || k->gather == k->sparse),
+                  "%s: no sparse kernels, or gathers that are not its sparse kernels", k->name);
+    }
+    const kernels *avx512 = kernels_avx512(), *exact = kernels_avx512_exact(), *amx = kernels_amx();
+    CHECK(!avx512 || avx512->gather, "avx512: gathers with its dots' bits");
+    CHECK(!exact || (exact->sparse == avx512->sparse && !exact->gather),
+          "avx512-exact: avx512's axpys and no gathers (its dots follow another order)");
+    CHECK(!amx || (amx->sparse == avx512->sparse && amx->gather == avx512->gather), "amx: avx512's sparse kernels");
 }
 
 int main(void) {
@@ -304,12 +320,14 @@ int main(void) {
     setenv("PI2_KERNELS", "scalar", 1); /* before any kernel table is chosen */
     test_dispatch();
 
-    sets[nsets++] = sparse_kernels_scalar();
-    if (sparse_kernels_avx2()) sets[nsets++] = sparse_kernels_avx2();
-    else SKIP("kernel set avx2 (this CPU lacks it)");
-    if (sparse_kernels_avx512()) sets[nsets++] = sparse_kernels_avx512();
-    else SKIP("kernel set avx512 (this CPU lacks it)");
-    if (nsets < 3) fprintf(stderr, "note: this CPU runs only %d of the 3 kernel sets\n", nsets);
+    /* the sets with sparse kernels of their own (amx and avx512-exact name avx512's) */
+    const kernels *own[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_neon(),
+                            kernels_neon_without_sdot()};
+    const char *names[] = {"scalar", "avx2", "avx512", "neon", "neon without SDOT"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        if (own[i]) sets[nsets++] = own[i];
+        else SKIP("kernel set %s (this CPU lacks it)", names[i]);
+    }
 
     /* 4128 and 16416: whole runs of 8 blocks (the avx512 Q4_0 axpy's vector scales) and a
      * remainder; 16416: past the 16384 elements the fast Q4_0 dot sums in one chunk */

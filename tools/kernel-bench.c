@@ -164,34 +164,36 @@ static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, do
     static block_q8_0 x8[HIDDEN / QK8_0];
     for (int i = 0; i < HIDDEN; i++) x[i] = rng_float();
     kernels_scalar()->quantize_q8_0(x, x8, HIDDEN);
-    const struct {
-        const char *type;
-        int kind;
-        pred_kernel kernel;
-        const void *x;
-    } sets[] = {{"f16", KIND_F16, {"avx2", pred_gemv_f16_avx2(), NULL}, x},
-                {"f16", KIND_F16, {"avx512", pred_gemv_f16_avx512(), NULL}, x},
-                {"q8_0", KIND_Q8_0, {"avx512", NULL, pred_gemv_q8_0_for(kernels_avx512())}, x8}};
+    /* the sets whose gemvs differ (avx512-exact and amx have avx512's) */
+    const kernels *sets[] = {kernels_avx2(), kernels_avx512(), kernels_neon()};
+    const int kinds[] = {KIND_F16, KIND_Q8_0};
     printf("\npredictor gemv (rows contiguous; scalar: too slow to stream)\n%-22s %-7s %-12s %12s %14s\n", "shape",
            "type", "isa", "cache GB/s", "memory GB/s");
     int filled = -1;
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
-        if (!sets[i].kernel.f16 && !sets[i].kernel.q8_0) continue;
-        if (sets[i].kind != filled) {
-            const size_t big_row = pred_row_bytes(sets[i].kind, HIDDEN);
-            fill_weights(sets[i].kind, w, big_bytes / big_row * big_row, big_row, HIDDEN);
-            filled = sets[i].kind;
-        }
-        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-            char name[32];
-            snprintf(name, sizeof name, "%s %dx%d", shapes[s].name, shapes[s].rows, shapes[s].n);
-            const size_t stride = pred_row_bytes(sets[i].kind, shapes[s].n);
-            const double in_cache = measure_pred_gemv(&sets[i].kernel, w, cache_bytes, shapes[s].rows, stride,
-                                                      sets[i].x, shapes[s].n, y, min_seconds);
-            const double in_memory = measure_pred_gemv(&sets[i].kernel, w, big_bytes, shapes[s].rows, stride,
-                                                       sets[i].x, shapes[s].n, y, min_seconds);
-            printf("%-22s %-7s %-12s %12.2f %14.2f\n", name, sets[i].type, sets[i].kernel.isa, in_cache, in_memory);
-            fflush(stdout);
+    for (size_t t = 0; t < sizeof kinds / sizeof *kinds; t++) {
+        const bool f16 = kinds[t] == KIND_F16;
+        for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+            if (!sets[i]) continue;
+            const pred_kernel kernel = {sets[i]->name, f16 ? sets[i]->pred_gemv_f16 : NULL,
+                                        f16 ? NULL : sets[i]->pred_gemv_q8_0};
+            if (!kernel.f16 && !kernel.q8_0) continue;
+            if (filled != kinds[t]) {
+                const size_t big_row = pred_row_bytes(kinds[t], HIDDEN);
+                fill_weights(kinds[t], w, big_bytes / big_row * big_row, big_row, HIDDEN);
+                filled = kinds[t];
+            }
+            for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+                char name[32];
+                snprintf(name, sizeof name, "%s %dx%d", shapes[s].name, shapes[s].rows, shapes[s].n);
+                const size_t stride = pred_row_bytes(kinds[t], shapes[s].n);
+                const void *in = f16 ? (const void *)x : (const void *)x8;
+                const double in_cache =
+                    measure_pred_gemv(&kernel, w, cache_bytes, shapes[s].rows, stride, in, shapes[s].n, y, min_seconds);
+                const double in_memory =
+                    measure_pred_gemv(&kernel, w, big_bytes, shapes[s].rows, stride, in, shapes[s].n, y, min_seconds);
+                printf("%-22s %-7s %-12s %12.2f %14.2f\n", name, f16 ? "f16" : "q8_0", kernel.isa, in_cache, in_memory);
+                fflush(stdout);
+            }
         }
     }
 }
@@ -464,13 +466,14 @@ int main(int argc, char **argv) {
     const kernels *isas[8];
     int n_isas = 0;
     if (!set_names) {
-        const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact(), kernels_amx()};
+        const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact(), kernels_amx(),
+                                kernels_neon()};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) isas[n_isas++] = all[i];
     } else {
         for (char *save = NULL, *name = strtok_r(set_names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
             const kernels *k = kernels_by_name(name);
             if (!k) {
-                log_error("-k %s: not a kernel set this CPU runs (scalar, avx2, avx512, avx512-exact, amx)", name);
+                log_error("-k %s: not a kernel set this CPU runs (scalar, avx2, avx512, avx512-exact, amx, neon)", name);
                 return 2;
             }
             if (n_isas == (int)(sizeof isas / sizeof *isas)) {

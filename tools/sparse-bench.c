@@ -227,7 +227,7 @@ static void usage(FILE *out, const char *prog) {
             "               4 KiB pages while shmem THP is off), 4k (private anonymous,\n"
             "               MADV_NOHUGEPAGE) or thp (private anonymous, MADV_HUGEPAGE: 2 MiB pages,\n"
             "               as the stack's segments where the kernel can move them); default shm\n"
-            "  -i ISA       only this kernel set: scalar, avx2 or avx512 (default all)\n",
+            "  -i ISA       only this kernel set: scalar, avx2, avx512 or neon (default all)\n",
             prog);
 }
 
@@ -380,19 +380,20 @@ int main(int argc, char **argv) {
         log_error("-t %s: expected f16, q8_0 or q4_0", only);
         return 2;
     }
-    /* the default dense sets (avx512: its fast order), as the dense decode runs them */
-    const kernels *dense[3] = {kernels_scalar(), kernels_avx2(), kernels_avx512()};
-    const sparse_kernels *sparse[3] = {sparse_kernels_scalar(), sparse_kernels_avx2(), sparse_kernels_avx512()};
+    /* the default dense sets (avx512: its fast order), as the dense decode runs them,
+     * each with its sparse kernels */
+    enum { SETS = 4 };
+    const kernels *dense[SETS] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_neon()};
     /* the scalar stream is far below the memory: run it only when it is the sole ceiling */
     const int skip_scalar_stream = only_isa == NULL;
     if (only_isa) {
         int found = 0;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < SETS; i++) {
             if (dense[i] && strcmp(dense[i]->name, only_isa) == 0) found = 1;
             else dense[i] = NULL;
         }
         if (!found) {
-            log_error("-i %s: not a kernel set this CPU runs (scalar, avx2, avx512)", only_isa);
+            log_error("-i %s: not a kernel set this CPU runs (scalar, avx2, avx512, neon)", only_isa);
             return 2;
         }
     }
@@ -412,10 +413,11 @@ int main(int argc, char **argv) {
                    100.0 * (double)huge * 1024 / (double)(b.layer_bytes * (size_t)b.layers));
         else
             printf("weights on huge pages: unknown (no /proc/self/smaps)\n");
-        double results[3][OP_COUNT] = {{0}}, us[3][OP_COUNT] = {{0}}, median_us[3][OP_COUNT] = {{0}}, ceiling = 0;
-        for (int i = 0; i < 3; i++) {
+        double results[SETS][OP_COUNT] = {{0}}, us[SETS][OP_COUNT] = {{0}}, median_us[SETS][OP_COUNT] = {{0}};
+        double ceiling = 0;
+        for (int i = 0; i < SETS; i++) {
             if (!dense[i]) continue;
-            const sparse_type_kernels *sk = sparse_kernels_for_type(sparse[i], types[t]);
+            const sparse_type_kernels *sk = sparse_kernels_for_type(dense[i]->sparse, types[t]);
             for (int op = 0; op < OP_COUNT; op++) {
                 if (op == OP_STREAM && dense[i] == kernels_scalar() && skip_scalar_stream) continue;
                 results[i][op] = measure(&b, dense[i], sk, op, min_seconds, &us[i][op], &median_us[i][op]);
@@ -425,7 +427,7 @@ int main(int argc, char **argv) {
         printf("%-30s %-7s %9s %10s %10s %9s %9s\n", "kernel", "isa", "GB/s", "% ceiling", "% of 16.5", "us/layer",
                "median");
         for (int op = 0; op < OP_COUNT; op++)
-            for (int i = 0; i < 3; i++) {
+            for (int i = 0; i < SETS; i++) {
                 if (!dense[i] || (op == OP_STREAM && dense[i] == kernels_scalar() && skip_scalar_stream)) continue;
                 printf("%-30s %-7s %9.2f %9.0f%% %9.0f%% %9.0f %9.0f\n", op_names[op], dense[i]->name, results[i][op],
                        100.0 * results[i][op] / ceiling, 100.0 * results[i][op] / DESIGN_READ_GBPS, us[i][op],

@@ -55,8 +55,8 @@ engine *engine_new_with_kernels(const model *m, const kernels *k, int n_threads,
     e->scratch = calloc_flagged((size_t)nth, sizeof *e->scratch, &bad);
     e->chunk_stats = calloc_flagged((size_t)nth, sizeof *e->chunk_stats, &bad);
     for (int t = 0; t < nth && e->scratch; t++) bad |= ffn_scratch_init(&e->scratch[t], m) != 0;
-    e->gather = ffn_gather_for(k);
-    e->axpy = sparse_kernels_best();
+    e->gather = k->gather;
+    e->axpy = k->sparse;
     e->tb = tinyblas_best();
     e->in.f16 = calloc_flagged((size_t)wide, sizeof(uint16_t), &bad);
     e->in.q8 = calloc_flagged((size_t)wide / QK8_0 + 1, sizeof(block_q8_0), &bad);

@@ -47,13 +47,6 @@ void ffn_scratch_free(ffn_scratch *s) {
     *s = (ffn_scratch){0};
 }
 
-const sparse_kernels *ffn_gather_for(const kernels *k) {
-    const sparse_kernels *sets[] = {sparse_kernels_avx512(), sparse_kernels_avx2(), sparse_kernels_scalar()};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-        if (sets[i] && sparse_kernels_dense_match(sets[i]) == kernels_decode_set(k)) return sets[i];
-    return NULL;
-}
-
 static const void *act_for_type(const act_vec *a, uint32_t type) {
     if (type == GGML_TYPE_F32) return a->f32;
     return type == GGML_TYPE_F16 ? (const void *)a->f16 : (const void *)a->q8;

@@ -57,7 +57,7 @@ void ffn_chunk_range(const model *m, int chunk, long *n0, long *n1);
 typedef struct {
     const model *m;
     const kernels *k;             /* the dense dots */
-    const sparse_kernels *gather; /* gather dots with k's bits (ffn_gather_for), or NULL: one dense dot per row */
+    const sparse_kernels *gather; /* gather dots with k's bits (k->gather), or NULL: one dense dot per row */
     const sparse_kernels *axpy;   /* the down_t axpy */
     int layer;
     ffn_mode mode;
@@ -125,9 +125,6 @@ void ffn_chunks_take(const ffn_layer *f, _Atomic int *next, const int32_t *list,
 /* out[r] = residual[r] + (partials[0][r] + partials[1][r] + ...), chunk order,
  * for rows [r0, r1); partials is [ffn_chunk_count(m)][n_embd]. */
 void ffn_reduce_rows(const model *m, const float *partials, const float *residual, float *out, long r0, long r1);
-
-/* The gather set whose dots equal k's dense dots, or NULL. */
-const sparse_kernels *ffn_gather_for(const kernels *k);
 
 /* A neuron-major down_t for neurons [n0, n1) of a layer, when the file has no
  * ffn_down_t: F32 / F16 from F32 / F16 (exact values), Q8_0 from quantized

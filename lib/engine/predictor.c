@@ -46,8 +46,8 @@ static predictor *alloc_predictor(const model *m, predictor_kind kind) {
     p->m = m;
     p->kind = kind;
     p->k = kernels_best();
-    p->gemv_f16 = pred_gemv_f16_for(p->k);
-    p->gemv_q8_0 = pred_gemv_q8_0_for(p->k);
+    p->gemv_f16 = p->k->pred_gemv_f16;
+    p->gemv_q8_0 = p->k->pred_gemv_q8_0;
     p->a = calloc((size_t)m->n_layer, sizeof *p->a);
     p->b = calloc((size_t)m->n_layer, sizeof *p->b);
     p->threshold = calloc((size_t)m->n_layer, sizeof(float));
@@ -102,7 +102,7 @@ static uint64_t q8_0_copy_bytes(const weight *w) {
 }
 
 uint64_t predictor_q8_0_image_bytes(const model *m) {
-    if (!pred_gemv_q8_0_for(kernels_best())) return 0;
+    if (!kernels_best()->pred_gemv_q8_0) return 0;
     uint64_t total = 0;
     for (int l = 0; l < m->n_layer; l++) {
         if (!m->layers[l].fc1.data || !m->layers[l].fc2.data) return 0;

@@ -43,7 +43,7 @@ static float *row_of(float *buf, int t, int width) { return buf + (size_t)t * (s
 bool prompt_pass_takes(const model *m) {
     for (int l = 0; l < m->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
-        if (!w->down.data && !(w->down_t.data && sparse_kernels_for_type(sparse_kernels_scalar(), w->down_t.type)))
+        if (!w->down.data && !(w->down_t.data && sparse_kernels_for_type(kernels_scalar()->sparse, w->down_t.type)))
             return false;
     }
     return true;
@@ -397,7 +397,7 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     }
     p->m = m;
     p->k = k;
-    p->sk = sparse_kernels_best();
+    p->sk = k->sparse;
     p->pool = pool;
     p->max_tok = max_tok;
     p->n_ctx = n_ctx;

@@ -61,13 +61,18 @@ size_t gemm_scratch_bytes(int nb);
 
 void gemm_q4_0_ref(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
                    size_t y_stride, void *scratch);
-/* per ISA (gemm_avx2.c, gemm_avx512.c, gemm_amx.c), reached through a kernel set after its CPU check */
+/* per ISA (gemm_avx2.c, gemm_avx512.c, gemm_amx.c, gemm_neon.c), reached through a kernel set after its
+ * CPU check (neon_sdot: with the integer sums by SDOT) */
 void gemm_q4_0_avx2(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
                     size_t y_stride, void *scratch);
 void gemm_q4_0_avx512(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
                       size_t y_stride, void *scratch);
 void gemm_q4_0_amx(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
                    size_t y_stride, void *scratch);
+void gemm_q4_0_neon(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
+                    size_t y_stride, void *scratch);
+void gemm_q4_0_neon_sdot(const block_q4_0 *w, size_t row_stride, int nrows, const gemm_acts *x, float *y,
+                         size_t y_stride, void *scratch);
 
 /* ---- F32 and F16 weights ----
  *
@@ -107,6 +112,10 @@ void gemm_f32_avx512(const float *w, size_t row_stride, int nrows, const float *
                      size_t y_stride, void *scratch);
 void gemm_f16_avx512(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
                      float *y, size_t y_stride, void *scratch);
+void gemm_f32_neon(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
+                   size_t y_stride, void *scratch);
+void gemm_f16_neon(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
+                   float *y, size_t y_stride, void *scratch);
 
 /* The packed quants and scale of token t's block b (any tile). */
 static inline const int8_t *gemm_acts_quants(const gemm_acts *a, int t, int b) {

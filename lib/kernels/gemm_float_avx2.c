@@ -42,13 +42,8 @@ INLINE void block(const float *w, const float *xs, int kc, float *acc, int nt) {
     }
 }
 
-/* kc values from src (F32, or F16 widened) into dst */
-static void copy_widened(float *dst, const void *src, bool f16, int kc) {
-    if (!f16) {
-        memcpy(dst, src, sizeof(float) * (size_t)kc);
-        return;
-    }
-    const uint16_t *h = src;
+/* kc F16 values widened into dst */
+static void widen_f16(float *dst, const uint16_t *h, int kc) {
     int k = 0;
     for (; k + 8 <= kc; k += 8) _mm256_store_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + k))));
     for (; k < kc; k++) dst[k] = f16_to_f32(h[k]);
@@ -62,23 +57,7 @@ static float reduce16(const float *a) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 
-INLINE void group(const float *wp, const float *xp, int kc, float *acc, int nr, int nt) {
-    for (int r = 0; r < nr; r++) {
-        float *a = acc + r * GF_ROW_STRIDE;
-        if (nt == GF_TOKENS) block(wp + r * GF_CHUNK, xp, kc, a, GF_TOKENS);
-        else
-            for (int t = 0; t < nt; t++) block(wp + r * GF_CHUNK, xp + t * GF_CHUNK, kc, a + t * 16, 1);
-    }
-}
-
+#include "kernels/gemm_float_rows.h"
 #include "kernels/gemm_float_drive.h"
 
-void gemm_f32_avx2(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
-                   size_t y_stride, void *scratch) {
-    gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, false, n_tok, n, y, y_stride, scratch);
-}
-
-void gemm_f16_avx2(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
-                   float *y, size_t y_stride, void *scratch) {
-    gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, true, n_tok, n, y, y_stride, scratch);
-}
+GEMM_FLOAT_ENTRIES(avx2)

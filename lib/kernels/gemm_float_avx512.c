@@ -56,13 +56,8 @@ INLINE void block(const float *w, const float *xs, int kc, float *acc, int mr, i
         for (int t = 0; t < nt; t++) _mm512_store_ps(acc + r * GF_ROW_STRIDE + t * 16, a[r][t]);
 }
 
-/* kc values from src (F32, or F16 widened) into dst */
-static void copy_widened(float *dst, const void *src, bool f16, int kc) {
-    if (!f16) {
-        memcpy(dst, src, sizeof(float) * (size_t)kc);
-        return;
-    }
-    const uint16_t *h = src;
+/* kc F16 values widened into dst */
+static void widen_f16(float *dst, const uint16_t *h, int kc) {
     int k = 0;
     for (; k + 16 <= kc; k += 16) _mm512_store_ps(dst + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + k))));
     if (k < kc) {
@@ -92,12 +87,4 @@ static float reduce16(const float *acc) { return _mm512_reduce_add_ps(_mm512_loa
 
 #include "kernels/gemm_float_drive.h"
 
-void gemm_f32_avx512(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n, float *y,
-                     size_t y_stride, void *scratch) {
-    gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, false, n_tok, n, y, y_stride, scratch);
-}
-
-void gemm_f16_avx512(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok, int n,
-                     float *y, size_t y_stride, void *scratch) {
-    gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, true, n_tok, n, y, y_stride, scratch);
-}
+GEMM_FLOAT_ENTRIES(avx512)

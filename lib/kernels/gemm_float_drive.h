@@ -1,11 +1,13 @@
 /* The float product's loops over blocks, token runs, column chunks and token
  * groups (gemm_float_block.h), shared by the ISA files that include it. The
  * includer defines, for its ISA:
- *   copy_widened(dst, src, f16, kc)   kc values of a row or token, widened to F32
+ *   widen_f16(dst, h, kc)             kc F16 values of a row or token, widened to F32
  *   group(wp, xp, kc, acc, nr, nt)    acc[r * GF_ROW_STRIDE + t * 16] += wp[r] . xp[t]
- *                                     for r < nr, t < nt (packed rows GF_CHUNK apart)
+ *                                     for r < nr, t < nt (packed rows GF_CHUNK apart;
+ *                                     gemm_float_rows.h has one, row by row)
  *   reduce16(acc)                     one accumulator's lanes summed as gemm.h says
- * and gets gemm_float(), which gemm_f32_ISA / gemm_f16_ISA call. */
+ * and gets gemm_float(), and GEMM_FLOAT_ENTRIES(ISA) to define gemm_f32_ISA
+ * and gemm_f16_ISA over it. */
 #ifndef PI2_KERNELS_GEMM_FLOAT_DRIVE_H
 #define PI2_KERNELS_GEMM_FLOAT_DRIVE_H
 
@@ -16,6 +18,12 @@
 
 static const void *column(const void *row, bool f16, int k) {
     return (const char *)row + (size_t)k * (f16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* kc values of a row or token as F32 into dst */
+static void copy_widened(float *dst, const void *src, bool f16, int kc) {
+    if (f16) widen_f16(dst, src, kc);
+    else memcpy(dst, src, sizeof(float) * (size_t)kc);
 }
 
 static inline __attribute__((always_inline)) void gemm_float(const char *w, size_t rs, int nrows,
@@ -45,5 +53,17 @@ static inline __attribute__((always_inline)) void gemm_float(const char *w, size
         }
     }
 }
+
+#define GEMM_FLOAT_ENTRIES(ISA)                                                                                   \
+    void gemm_f32_##ISA(const float *w, size_t row_stride, int nrows, const float *const *x, int n_tok, int n,    \
+                        float *y, size_t y_stride, void *scratch) {                                               \
+        gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, false, n_tok, n, y, y_stride,      \
+                   scratch);                                                                                      \
+    }                                                                                                             \
+    void gemm_f16_##ISA(const uint16_t *w, size_t row_stride, int nrows, const uint16_t *const *x, int n_tok,     \
+                        int n, float *y, size_t y_stride, void *scratch) {                                        \
+        gemm_float((const char *)w, row_stride, nrows, (const void *const *)x, true, n_tok, n, y, y_stride,       \
+                   scratch);                                                                                      \
+    }
 
 #endif

@@ -1,11 +1,16 @@
-/* Run-time choice of the kernel set. The SIMD tables live in files compiled
- * with their ISA flags; this file is baseline x86-64 so it can run the CPU
- * checks before any of that code executes. The Makefile compiles the x86 ISA
- * files only for x86-64; elsewhere (ARM64) every x86 set is absent (NULL) and
- * the choice falls to scalar. */
+/* Run-time choice of the kernel set, every family at once (kernels.h says
+ * how). The SIMD tables live in files compiled with their ISA flags; this
+ * file is built for the baseline ISA so it can run the CPU checks before any
+ * of that code executes. The Makefile compiles the x86 ISA files only for
+ * x86-64 and the NEON ones only for AArch64; a set whose files are not built
+ * is absent (NULL) and the choice falls to the next. */
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +20,14 @@
 #include "kernels/kernels.h"
 #include "util/log.h"
 
-/* defined in kernels_scalar.c, kernels_avx2.c, kernels_avx512.c */
+/* defined in kernels_scalar.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c */
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
 extern const kernels kernels_avx512_exact_impl;
+extern const kernels kernels_neon_impl;
+extern const kernels kernels_neon_sdot_impl;
+extern const kernels kernels_neon_without_sdot_impl;
 
 const kernels *kernels_scalar(void) { return &kernels_scalar_impl; }
 
@@ -61,6 +69,7 @@ static int amx_usable(void) {
 static kernels amx_set;
 static int amx_ok;
 
+/* avx512's table, every family, but for the prefill product */
 static void make_amx_set(void) {
     if (!(amx_ok = amx_usable())) return;
     amx_set = kernels_avx512_impl;
@@ -81,25 +90,18 @@ const kernels *kernels_amx(void) { return NULL; }
 #endif
 
 #if defined(__aarch64__)
-void kernels_neon_make(const kernels **best, const kernels **without_sdot); /* kernels_neon.c */
-static const kernels *neon_best, *neon_widening;
-static void make_neon_sets(void) { kernels_neon_make(&neon_best, &neon_widening); }
-static void neon_once(void) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, make_neon_sets);
-}
-const kernels *kernels_neon(void) { return neon_once(), neon_best; }
-const kernels *kernels_neon_without_sdot(void) { return neon_once(), neon_widening; }
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+/* FEAT_DotProd: SDOT, which the kernels_neon_sdot_impl table's kernels use */
+static int cpu_has_sdot(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+
+const kernels *kernels_neon(void) { return cpu_has_sdot() ? &kernels_neon_sdot_impl : &kernels_neon_impl; }
+const kernels *kernels_neon_without_sdot(void) { return &kernels_neon_without_sdot_impl; }
 #else
 const kernels *kernels_neon(void) { return NULL; }
 const kernels *kernels_neon_without_sdot(void) { return NULL; }
 #endif
-
-const kernels *kernels_decode_set(const kernels *k) {
-    if (k && k == kernels_amx()) return kernels_avx512();
-    if (k && (k == kernels_neon() || k == kernels_neon_without_sdot())) return kernels_scalar(); /* same bits */
-    return k;
-}
 
 const kernels *kernels_by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return kernels_scalar();

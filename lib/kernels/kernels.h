@@ -1,13 +1,24 @@
 /* Hot kernels: quantization, dequantization and dot products for the
- * weight types pi2 supports. Each has a scalar reference; AVX2 and AVX-512
- * versions (NEON on AArch64) are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx|neon
+ * weight types pi2 supports, with the other kernel families of the same set.
+ * Each has a scalar reference; AVX2 and AVX-512 versions (NEON on AArch64)
+ * are picked at run time (PI2_KERNELS=scalar|avx2|avx512|avx512-exact|amx|neon
  * forces one; amx is avx512 with the prefill product on AMX tiles). avx512-exact is avx512 with llama.cpp's (slower) summation
  * order in the quantized dots: it exists to show agreement with llama.cpp
  * bit for bit (tests/test_oracle.c), the default avx512 is for speed.
  *
  * Activation handling follows llama.cpp: for Q4_0/Q8_0 weights the activation
  * vector is first quantized to Q8_0 (quantize_q8_0), for F16 weights it is
- * converted to F16; dot products then take weight row + converted activation. */
+ * converted to F16; dot products then take weight row + converted activation.
+ *
+ * How a set is chosen, for every family at once: a set is one table (struct
+ * kernels) that names its dense kernels, its sparse gathers and axpys, its
+ * predictor gemvs and its prefill products. Each ISA file defines its tables
+ * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c; amx
+ * is made from avx512's in kernels.c) and is compiled only for its
+ * architecture, with its flags. kernels.c alone asks the CPU what it runs
+ * (CPUID on x86-64, HWCAP on AArch64) and offers a table only where it
+ * runs; kernels_best() takes the fastest offered, or PI2_KERNELS's. Callers
+ * take every family from that one table, so the families cannot disagree. */
 #ifndef PI2_KERNELS_H
 #define PI2_KERNELS_H
 
@@ -16,9 +27,11 @@
 
 #include "gguf/ggml_types.h"
 #include "kernels/gemm.h"
+#include "kernels/pred_gemv.h"
+#include "kernels/sparse_kernels.h"
 
 typedef struct {
-    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact", "amx" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512-exact", "amx", "neon", "neon (no SDOT)" */
     /* n: any length */
     float (*dot_f32)(const float *w, const float *x, int n);
     float (*dot_f16)(const uint16_t *w, const uint16_t *x, int n);
@@ -53,6 +66,22 @@ typedef struct {
     /* h[i] = silu(g[i]) * u[i]; each h[i] depends on g[i] and u[i] alone, not on
      * n or on where the range starts (threads and workers split neuron ranges) */
     void (*silu_mul)(float *h, const float *g, const float *u, int n);
+
+    /* ---- the set's other families ---- */
+    /* sparse gathers and axpys (sparse_kernels.h); the axpys give the same
+     * bits in every set */
+    const sparse_kernels *sparse;
+    /* sparse, where its gather dots are this set's dense dots bit for bit
+     * (the gate-first FFN mixes the two); NULL in avx512-exact, whose dots
+     * follow llama.cpp's order: one dense dot a row there */
+    const sparse_kernels *gather;
+    /* the predictors' F16 gemv (pred_gemv.h), the same bits in every set */
+    pred_gemv_f16_fn pred_gemv_f16;
+    /* their Q8_0 gemv, dot_q8_0's bits; NULL where none is faster than a
+     * dot a row. Where it runs, predictor.c keeps float predictors as Q8_0
+     * copies, which changes their output: so the scalar set has none, nor
+     * the neon sets, which promise the scalar set's bits. */
+    pred_gemv_q8_0_fn pred_gemv_q8_0;
 } kernels;
 
 /* Row r of a matrix of nrows rows row_stride bytes apart, or NULL past its
@@ -66,25 +95,22 @@ const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 const kernels *kernels_avx512_exact(void); /* likewise */
-/* AArch64 (NULL elsewhere): the scalar set with NEON quantized dots that give
- * its bits exactly (SDOT where the CPU has the dot-product extension) */
+/* AArch64 (NULL elsewhere): NEON kernels that give the scalar set's bits
+ * exactly, in every family (kernels_neon.c says which stay scalar); the
+ * integer block sums by SDOT where the CPU has the dot-product extension */
 const kernels *kernels_neon(void);
 const kernels *kernels_neon_without_sdot(void); /* the same without SDOT, which a CPU may lack (tests) */
 /* avx512 with the prefill product on AMX tiles; NULL without AMX-INT8 or the
  * kernel's leave to use it */
 const kernels *kernels_amx(void);
-/* The set whose decode kernels k has: k itself, avx512 for amx (which
- * differs from it only in the prefill product), scalar for neon (the same
- * bits). The decode-side families (sparse gathers, predictor GEMV) pair with
- * a dense set through this. */
-const kernels *kernels_decode_set(const kernels *k);
 /* "scalar", "avx2", "avx512", "avx512-exact", "amx" or "neon"; NULL if unknown or this CPU cannot run it */
 const kernels *kernels_by_name(const char *name);
 
 /* Reference (scalar) conversions; also used for writing weights. */
 void quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n);
 void quantize_row_q4_0_ref(const float *x, block_q4_0 *y, int64_t n);
-/* Reference softmax exponentials and SwiGLU (libm expf), for the kernel tables. */
+/* Reference F32 dot, softmax exponentials and SwiGLU (libm expf), for the kernel tables. */
+float dot_f32_ref(const float *w, const float *x, int n);
 double softmax_exp_ref(float *y, const float *x, float max, int n);
 void silu_mul_ref(float *h, const float *g, const float *u, int n);
 /* Dequantize n elements of a row of any supported type to float. */

@@ -115,4 +115,7 @@ const kernels kernels_avx2_impl = {
     .gemm_f16 = gemm_f16_avx2,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
+    .sparse = &sparse_avx2_impl,
+    .gather = &sparse_avx2_impl,
+    .pred_gemv_f16 = pred_gemv_f16_avx2,
 };

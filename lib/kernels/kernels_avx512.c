@@ -3,7 +3,8 @@
  * tables share, all in llama.cpp's (build 4748, the oracle's) arithmetic at no
  * cost in speed: quantize_row_q8_0's x86 rounding, ggml_vec_dot_f32/f16's
  * summation order, and ggml_v_expf for softmax and SiLU. The tables differ
- * only in the quantized dots (kernels_fast_avx512.c, kernels_exact_avx512.c).
+ * only in the quantized dots (kernels_fast_avx512.c, kernels_exact_avx512.c)
+ * and in what must match them (the sparse gathers, the Q8_0 predictor gemv).
  * Quantization and f16/axpy results are bit-exact with the scalar reference. */
 #include <math.h>
 
@@ -167,7 +168,9 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
     .f32_to_f16_row = f32_to_f16_row_avx512,    \
     .axpy_f32 = axpy_f32_avx512,                \
     .softmax_exp = softmax_exp_avx512,          \
-    .silu_mul = silu_mul_avx512
+    .silu_mul = silu_mul_avx512,                \
+    .sparse = &sparse_avx512_impl,              \
+    .pred_gemv_f16 = pred_gemv_f16_avx512
 
 const kernels kernels_avx512_impl = {
     .name = "avx512",
@@ -179,6 +182,8 @@ const kernels kernels_avx512_impl = {
     .gemm_q4_0 = gemm_q4_0_avx512,
     .gemm_f32 = gemm_f32_avx512,
     .gemm_f16 = gemm_f16_avx512,
+    .gather = &sparse_avx512_impl, /* its dots are the fast order's (kernels_q_avx512.h) */
+    .pred_gemv_q8_0 = pred_gemv_q8_0_avx512,
 };
 
 const kernels kernels_avx512_exact_impl = {
@@ -190,4 +195,6 @@ const kernels kernels_avx512_exact_impl = {
     .gemm_q4_0 = gemm_q4_0_avx512,
     .gemm_f32 = gemm_f32_avx512,
     .gemm_f16 = gemm_f16_avx512,
+    /* no gather: the sparse dots follow the fast order; no Q8_0 predictor
+     * gemv: it gives the fast dot_q8_0's bits */
 };

@@ -18,7 +18,7 @@ static void store_f16(void *p, float f) {
     memcpy(p, &h, sizeof h);
 }
 
-static float dot_f32_scalar(const float *w, const float *x, int n) {
+float dot_f32_ref(const float *w, const float *x, int n) {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) sum += w[i] * x[i];
     return sum;
@@ -184,7 +184,7 @@ void quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
 
 const kernels kernels_scalar_impl = {
     .name = "scalar",
-    .dot_f32 = dot_f32_scalar,
+    .dot_f32 = dot_f32_ref,
     .dot_f16 = dot_f16_scalar,
     .dot_f16_rows = dot_f16_rows_scalar,
     .dot_q8_0 = dot_q8_0_scalar,
@@ -198,4 +198,7 @@ const kernels kernels_scalar_impl = {
     .gemm_f16 = gemm_f16_ref,
     .softmax_exp = softmax_exp_ref,
     .silu_mul = silu_mul_ref,
+    .sparse = &sparse_scalar_impl,
+    .gather = &sparse_scalar_impl,
+    .pred_gemv_f16 = pred_gemv_f16_scalar,
 };

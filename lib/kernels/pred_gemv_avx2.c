@@ -1,11 +1,8 @@
-/* AVX2 predictor gemv (pred_gemv.h): the 16 lanes as two 8-lane halves, 2 rows
- * per pass over x; the last partial group is copied into zero-padded buffers. */
+/* AVX2 predictor gemv (pred_gemv.h): the 16 lanes as two 8-lane halves, in
+ * pred_gemv_drive.h's loops (2 rows per pass over x). */
 #include <immintrin.h>
-#include <string.h>
 
 #include "kernels/pred_gemv.h"
-
-#define ROWS 2
 
 typedef struct {
     __m256 lo, hi; /* lanes 0-7 and 8-15 */
@@ -27,28 +24,8 @@ static inline float reduce16(lanes16 a) {
 
 static inline lanes16 zero16(void) { return (lanes16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 
-void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
-void pred_gemv_f16_avx2_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
-    const int full = n & ~15, left = n - full;
-    float xt[16] = {0};
-    memcpy(xt, x + full, sizeof(float) * (size_t)left);
-    for (int r = 0; r < rows; r += ROWS) {
-        const int nr = rows - r < ROWS ? rows - r : ROWS;
-        const uint16_t *row[ROWS];
-        lanes16 acc[ROWS];
-        for (int k = 0; k < nr; k++) {
-            row[k] = (const uint16_t *)((const char *)w + (size_t)(r + k) * row_stride);
-            acc[k] = zero16();
-        }
-        for (int i = 0; i < full; i += 16)
-            for (int k = 0; k < nr; k++) acc[k] = fma16(row[k] + i, x + i, acc[k]);
-        for (int k = 0; k < nr; k++) {
-            if (left) {
-                uint16_t wt[16] = {0};
-                memcpy(wt, row[k] + full, sizeof(uint16_t) * (size_t)left);
-                acc[k] = fma16(wt, xt, acc[k]);
-            }
-            y[r + k] = reduce16(acc[k]);
-        }
-    }
+#include "kernels/pred_gemv_drive.h"
+
+void pred_gemv_f16_avx2(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
+    pred_gemv_f16_rows(w, row_stride, rows, x, n, y);
 }

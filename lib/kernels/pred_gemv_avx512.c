@@ -103,8 +103,7 @@ static inline __attribute__((always_inline)) void all_rows(const char *w, size_t
         pass(w + (size_t)r * row_stride, row_stride, 4, group < 4 ? group : 4, left, x, n, y + r);
 }
 
-void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y);
-void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
+void pred_gemv_f16_avx512(const void *w, size_t row_stride, int rows, const float *x, int n, float *y) {
     if (n >= LONG_ROW_N)
         all_rows(w, row_stride, rows, LONG_GROUP, x, n, y);
     else
@@ -114,8 +113,7 @@ void pred_gemv_f16_avx512_impl(const void *w, size_t row_stride, int rows, const
 /* Q8_0 rows (pred_gemv.h): each row's lanes as the dense avx512 dot_q8_0
  * (q8_row) leaves them, then 16 rows' horizontal sums in one tree, which adds
  * the pairs _mm512_reduce_add_ps adds: the dense dot's bits. */
-void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y);
-void pred_gemv_q8_0_avx512_impl(const void *w, size_t row_stride, int rows, const void *x, int n, float *y) {
+void pred_gemv_q8_0_avx512(const void *w, size_t row_stride, int rows, const void *x, int n, float *y) {
     const int nb = n / QK8_0;
     for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
         const int live = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;

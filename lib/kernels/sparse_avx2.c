@@ -1,4 +1,4 @@
-/* AVX2 + FMA + F16C sparse kernels; reached only through sparse_kernels_avx2()
+/* AVX2 + FMA + F16C sparse kernels; reached only through the avx2 kernel set
  * after the CPU check. Dots are kernels_avx2.c's rows (kernels_avx2.h), one
  * row at a time but for Q4_0, whose activation-side work (the regrouped
  * block pairs) is shared by four rows a pass; axpy follows the scalar

@@ -1,5 +1,5 @@
 /* AVX-512 (F/BW/VL/DQ + VNNI) sparse kernels; reached only through
- * sparse_kernels_avx512() after the CPU check. Dots reproduce the default
+ * the avx512 kernel sets (kernels.h) after the CPU check. Dots reproduce the default
  * avx512 dense set bit for bit (same arithmetic in the same order: the
  * quantized rows are kernels_q_avx512.h's, which the dense set uses too);
  * axpy follows the scalar definition exactly.

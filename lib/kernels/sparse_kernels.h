@@ -18,10 +18,9 @@
  *
  * Semantics:
  *   dot:   out[k] = the dense dot product (kernels.h dot_*) of row idx[k] with x,
- *          bit for bit, of the matching dense set (sparse_kernels_dense_match):
- *          scalar, avx2, and for avx512 the default avx512 set (its fast
- *          order; the avx512-exact set's dots differ from it only by
- *          summation order).
+ *          bit for bit, of the kernel set whose table this is (kernels.h: a
+ *          set's `gather`; avx512-exact has none, its dots follow another
+ *          order than the avx512 table's).
  *   dot2:  the fused gate+up form: out_a[k] and out_b[k] are dot's results for
  *          row idx[k] of w_a and of w_b (same row_stride), in one pass.
  *   axpy:  y[i] += sum_k coef[k] * row idx[k][i]. F32/F16/Q8_0: k ascending,
@@ -43,7 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kernels.h"
+#include "gguf/ggml_types.h"
 
 #define AXPY_Q4_GROUP 16 /* rows whose Q4_0 axpy coefficients share a scale per block */
 
@@ -80,19 +79,29 @@ typedef struct {
     sparse_axpy_fn axpy;
 } sparse_type_kernels;
 
-typedef struct {
-    const char *name; /* "scalar", "avx2", "avx512" */
+typedef struct sparse_kernels {
+    const char *name; /* "scalar", "avx2", "avx512", "neon", "neon (SDOT)" */
     sparse_type_kernels f32, f16, q8_0, q4_0;
 } sparse_kernels;
 
-const sparse_kernels *sparse_kernels_best(void);   /* chosen once; honours PI2_KERNELS like kernels_best() */
-const sparse_kernels *sparse_kernels_scalar(void);
-const sparse_kernels *sparse_kernels_avx2(void);   /* NULL where kernels_avx2() is NULL */
-const sparse_kernels *sparse_kernels_avx512(void); /* NULL where kernels_avx512() is NULL */
-/* the dense set whose dots a sparse set's dots equal bit for bit */
-const kernels *sparse_kernels_dense_match(const sparse_kernels *k);
+/* One table per ISA file (sparse_scalar.c, sparse_avx2.c, ...). Reach them
+ * through a kernel set (kernels.h: k->sparse, k->gather), which is offered
+ * only on a CPU that runs it. */
+extern const sparse_kernels sparse_scalar_impl;
+extern const sparse_kernels sparse_avx2_impl;
+extern const sparse_kernels sparse_avx512_impl;
+extern const sparse_kernels sparse_neon_impl;      /* the dots' block sums by widening multiplies */
+extern const sparse_kernels sparse_neon_sdot_impl; /* by SDOT (FEAT_DotProd) */
 
 /* the kernels for a ggml weight type (F32, F16, Q8_0, Q4_0); NULL for any other */
-const sparse_type_kernels *sparse_kernels_for_type(const sparse_kernels *k, uint32_t type);
+static inline const sparse_type_kernels *sparse_kernels_for_type(const sparse_kernels *k, uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return &k->f32;
+    case GGML_TYPE_F16: return &k->f16;
+    case GGML_TYPE_Q8_0: return &k->q8_0;
+    case GGML_TYPE_Q4_0: return &k->q4_0;
+    default: return NULL;
+    }
+}
 
 #endif

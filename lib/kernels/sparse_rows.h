@@ -1,12 +1,15 @@
-/* Private to the sparse_*.c kernel files and kernels_q_avx512.h: the
+/* Private to the sparse_*.c kernel files, kernels_q_avx512.h and kernels_neon.h: the
  * sequence of rows a gather dot visits, and the groups of rows the SIMD
  * axpys apply together. A plain gather visits row idx[k] of one matrix; the
  * fused gate+up form alternates between two matrices (w_a row idx[0], w_b
  * row idx[0], w_a row idx[1], ...), so one kernel serves both and streams
- * them together; without idx the rows are consecutive (a dense gemv). */
+ * them together; without idx the rows are consecutive (a dense gemv). And
+ * the Q4_0 axpy's int8 coefficients as the reference computes them
+ * (sparse_scalar.c and sparse_neon.c share them). */
 #ifndef PI2_SPARSE_ROWS_H
 #define PI2_SPARSE_ROWS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -98,6 +101,22 @@ static inline __attribute__((always_inline)) void axpy_prefetch_next(const char 
     if (off > 0 && (last >> 6) == ((off - 1) >> 6)) return;
     for (int r = 0; r < m; r++)
         if (next[r]) __builtin_prefetch(next[r] + last, 0, 2); /* read, T1 on x86 */
+}
+
+/* the same for one row, next (NULL: none) */
+static inline __attribute__((always_inline)) void prefetch_next_row(const char *next, size_t off, size_t step) {
+    axpy_prefetch_next(&next, 1, off, step);
+}
+
+/* The int8 coefficients of one (group, block) of a Q4_0 axpy (sparse_kernels.h),
+ * from the rows' cd = coef * d: c[r] = lrintf(cd[r] * (127 / m)), m the
+ * largest |cd[r]| (0 when m is 0); returns the scale m / 127. */
+static inline float q4_axpy_quantize(const float *cd, int rows, int8_t *c) {
+    float m = 0.0f;
+    for (int r = 0; r < rows; r++) m = fmaxf(m, fabsf(cd[r]));
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (int r = 0; r < rows; r++) c[r] = (int8_t)lrintf(cd[r] * inv);
+    return m * (1.0f / 127.0f);
 }
 
 #endif

@@ -77,16 +77,6 @@ static void axpy_q8_0(const void *w, size_t stride, const int32_t *idx, const fl
     }
 }
 
-/* The int8 coefficients of one (group, block) of a Q4_0 axpy (sparse_kernels.h):
- * c[r] = round(cd_r * (127 / m)), m the largest |cd_r|; returns the scale m / 127. */
-static float q4_axpy_quantize(const float *cd, int rows, int8_t *c) {
-    float m = 0.0f;
-    for (int r = 0; r < rows; r++) m = fmaxf(m, fabsf(cd[r]));
-    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    for (int r = 0; r < rows; r++) c[r] = (int8_t)lrintf(cd[r] * inv);
-    return m * (1.0f / 127.0f);
-}
-
 static void axpy_q4_0(const void *w, size_t stride, const int32_t *idx, const float *coef, int count, float *y,
                       int n, const sparse_then *then) {
     (void)then; /* a prefetch hint */
