@@ -736,6 +736,10 @@ cmd_up() {
         if [ -z "$ctx" ]; then CFG_CTX=""; fi # the plan's (cachemgr refuses a --ctx the plan was not made for)
     fi
     if ((no_npu)); then drop_npu_worker; fi
+    # token by token, the cpu-workers would need every FFN row, which a budget does not keep
+    if [ -n "$CFG_PLAN" ] && ! has_npu_worker; then
+        die "up: under a memory budget the prompt runs on the npu-worker (dense, the FFN read from the model file a layer at a time), and this stack has none$( ((no_npu)) && echo " (--no-npu)"): add an npu-worker line to the stack config"
+    fi
     preflight
 
     local sp

@@ -202,5 +202,14 @@ check "pi2 up --mem-budget under the floor is refused with the floor named" $?
 no_leftovers "$RL"
 check "... and starts nothing" $?
 
+# a budget without an npu-worker: the prompt would need every FFN row on the cpu-workers
+new_run RN2
+"$PI2" up -r "$RN2" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-50" --no-npu >/dev/null 2>"$TMP/nonpu.err"
+st=$?
+[ $st -ne 0 ] && grep -q "prompt runs on the npu-worker" "$TMP/nonpu.err"
+check "pi2 up --plan --no-npu is refused, saying the prompt needs the npu-worker" $?
+no_leftovers "$RN2"
+check "... and starts nothing" $?
+
 # the caps' cgroups (their processes are gone with the runs)
 for cg in "$CG_ROOT"/pi2-"$RUN_BASE"-*; do if [ -d "$cg" ]; then rmdir "$cg"; fi; done
