@@ -404,8 +404,12 @@ void bundle_close(bundle_file *b) {
     memset(b, 0, sizeof *b);
 }
 
+/* Cold: a slot that was just read into is in no cache of this core. A reader
+ * thread sharing its core with a busy one, 8 KiB bundles (Intel Xeon, virtio
+ * disk): 5.74 -> 5.25 us of CPU per read, checking included, against the
+ * plain checksum64. */
 bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes) {
-    return checksum64(bytes, b->stride) == b->bundle_checksum[(size_t)l * (size_t)b->n_bundles + (size_t)bundle];
+    return checksum64_cold(bytes, b->stride) == b->bundle_checksum[(size_t)l * (size_t)b->n_bundles + (size_t)bundle];
 }
 
 /* Opening proved each layer's bundle checksums add up to its checksum: the bundles against theirs suffice. */
