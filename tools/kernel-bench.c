@@ -406,6 +406,75 @@ static void bench_gemm_float(const kernels *const *isas, int n_isas, uint8_t *w,
     free(scratch), free(xs16), free(xs32), free(x16), free(y), free(x32);
 }
 
+/* A gemv on every thread at once, as the stack's cpu-workers run a layer:
+ * the matrix in groups of GEMV_GROUP_ROWS rows (a 7B projection), each
+ * group's rows split between the threads, one pool job (and its barrier) a
+ * group. GB/s of weight bytes in the fastest and the median pass, the
+ * median against the memory's read rate on all threads: what one thread's figure above does not show, the kernels
+ * sharing the memory bus. */
+#define GEMV_GROUP_ROWS 4096
+#define MAX_PASSES 64
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    const kernels *k;
+    bool q4;
+    const uint8_t *w; /* the group's first row */
+    size_t row_bytes;
+    int rows, n;
+    const block_q8_0 *x8;
+} gemv_job;
+
+static void gemv_share(void *ctx, int ith, int nth) {
+    const gemv_job *j = ctx;
+    long r0, r1;
+    pool_split(j->rows, ith, nth, &r0, &r1);
+    const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
+    if (j->q4) j->k->gemv_q4_0((const block_q4_0 *)w, j->row_bytes, j->x8, gemv_out + r0, (int)(r1 - r0), j->n);
+    else if (j->k->gemv_q8_0)
+        j->k->gemv_q8_0((const block_q8_0 *)w, j->row_bytes, j->x8, gemv_out + r0, (int)(r1 - r0), j->n);
+    else
+        for (long r = r0; r < r1; r++)
+            gemv_out[r] = j->k->dot_q8_0((const block_q8_0 *)(j->w + (size_t)r * j->row_bytes), j->x8, j->n);
+}
+
+static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *w, size_t bytes, const block_q8_0 *x8,
+                               int n, threadpool *pool, double all_gbs, double min_seconds) {
+    printf("\ngemv on %d threads at once, groups of %d rows split between them, from memory\n", pool_size(pool),
+           GEMV_GROUP_ROWS);
+    printf("%-9s %-12s %12s %12s %10s\n", "type", "isa", "best GB/s", "median GB/s", "of read");
+    for (int q4 = 1; q4 >= 0; q4--) {
+        const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+        const size_t rows = bytes / row_bytes / GEMV_GROUP_ROWS * GEMV_GROUP_ROWS;
+        if (rows == 0) return;
+        fill_weights(q4 ? KIND_Q4_0 : KIND_Q8_0, w, rows * row_bytes, row_bytes, n);
+        for (int i = 0; i < n_isas; i++) {
+            if (!isas[i] || isas[i] == kernels_scalar()) continue;
+            double t[MAX_PASSES];
+            int passes = 0;
+            const double start = clock_seconds();
+            while (passes < MAX_PASSES && (passes < 5 || clock_seconds() - start < min_seconds)) {
+                const double t0 = clock_seconds();
+                for (size_t g = 0; g < rows; g += GEMV_GROUP_ROWS) {
+                    gemv_job j = {isas[i], q4, w + g * row_bytes, row_bytes, GEMV_GROUP_ROWS, n, x8};
+                    pool_run(pool, gemv_share, &j);
+                }
+                t[passes++] = clock_seconds() - t0;
+            }
+            qsort(t, (size_t)passes, sizeof *t, by_value);
+            const double best = (double)(rows * row_bytes) / t[0] / 1e9;
+            const double median = (double)(rows * row_bytes) / t[passes / 2] / 1e9;
+            printf("%-9s %-12s %12.2f %12.2f %9.0f%%\n", q4 ? "q4_0" : "q8_0", isas[i]->name, best, median,
+                   all_gbs > 0 ? 100 * median / all_gbs : 0);
+            fflush(stdout);
+        }
+    }
+}
+
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
             "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS] [-b]\n"
@@ -500,7 +569,6 @@ int main(int argc, char **argv) {
     threadpool *pool = pool_new(n_cpus);
     const double one_gbs = mem_read_rate(w, big_bytes, NULL, min_seconds) / 1e9;
     const double all_gbs = pool ? mem_read_rate(w, big_bytes, pool, min_seconds) / 1e9 : 0;
-    pool_free(pool);
     printf("memory read: %.2f GB/s one thread, %.2f GB/s %d threads (%ld MiB)\n", one_gbs, all_gbs, n_cpus, big_mib);
     if (bandwidth_only) goto out;
     for (int i = 0; i < n; i++) x32[i] = rng_float();
@@ -523,6 +591,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
+    if (pool) bench_gemv_threads(isas, n_isas, w, big_bytes, x8, n, pool, all_gbs, min_seconds);
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
     const double peak = bench_peak(int8_peak_macs, "int8", n_cpus, min_seconds);
@@ -530,6 +599,7 @@ int main(int argc, char **argv) {
     const double f32_peak = bench_peak(f32_peak_macs, "f32", n_cpus, min_seconds);
     bench_gemm_float(isas, n_isas, w, big_bytes, min_seconds, f32_peak);
 out:
+    pool_free(pool);
     free(gemv_out);
     huge_free(w, w_mapped);
     free(x8);
