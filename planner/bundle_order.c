@@ -18,20 +18,38 @@ static int by_need(const void *a, const void *b) {
     return (x->first > y->first) - (x->first < y->first);
 }
 
-/* tokens on which any of the n neurons fired */
-static long union_tokens(const model_profile *p, int l, const int32_t *neurons, int n, uint64_t *scratch) {
+/* Bit t of a neuron's row is token t: the even tokens choose the groups, the odd ones count how often
+ * a group is needed (bundle_order.h) */
+#define EVEN_TOKENS 0x5555555555555555ull
+#define ODD_TOKENS 0xaaaaaaaaaaaaaaaaull
+
+static const uint64_t *fired_bits(const model_profile *p, int l, int neuron) {
+    return p->fired + ((size_t)l * p->n_ff + (size_t)neuron) * (size_t)p->words;
+}
+
+/* tokens among `tokens` (a bit mask repeated over every word) on which any of the n neurons fired */
+static long union_tokens(const model_profile *p, int l, const int32_t *neurons, int n, uint64_t tokens,
+                         uint64_t *scratch) {
     memset(scratch, 0, sizeof(uint64_t) * (size_t)p->words);
     for (int k = 0; k < n; k++) {
-        const uint64_t *bits = p->fired + ((size_t)l * p->n_ff + (size_t)neurons[k]) * (size_t)p->words;
+        const uint64_t *bits = fired_bits(p, l, neurons[k]);
         for (int w = 0; w < p->words; w++) scratch[w] |= bits[w];
     }
     long c = 0;
-    for (int w = 0; w < p->words; w++) c += __builtin_popcountll(scratch[w]);
+    for (int w = 0; w < p->words; w++) c += __builtin_popcountll(scratch[w] & tokens);
     return c;
 }
 
+/* even tokens on which neurons i and j both fired */
+static uint32_t cofired_even(const model_profile *p, int l, int i, int j) {
+    const uint64_t *a = fired_bits(p, l, i), *b = fired_bits(p, l, j);
+    uint32_t n = 0;
+    for (int w = 0; w < p->words; w++) n += (uint32_t)__builtin_popcountll(a[w] & b[w] & EVEN_TOKENS);
+    return n;
+}
+
 /* groups of k: each next unassigned neuron in hot order with the k - 1 of the following GROUP_WINDOW
- * unassigned ones that fired with it most often */
+ * unassigned ones that fired with it most often on the even tokens */
 static int group_layer(const model_profile *p, int l, const int32_t *hot, int k, int32_t *grouped) {
     const int n = p->n_ff;
     bool *taken = calloc((size_t)n, sizeof *taken);
@@ -48,7 +66,7 @@ static int group_layer(const model_profile *p, int l, const int32_t *hot, int k,
             for (int j = i + 1, seen = 0; j < n && seen < GROUP_WINDOW; j++) {
                 if (taken[hot[j]]) continue;
                 seen++;
-                const uint32_t co = model_profile_cofired(p, l, lead, hot[j]);
+                const uint32_t co = cofired_even(p, l, lead, hot[j]);
                 if (best < 0 || co > best_co) best = hot[j], best_co = co;
             }
             if (best < 0) break;
@@ -89,10 +107,12 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
         }
         /* a short last group stays last: only whole groups are sorted */
         const long whole = n / k;
+        const uint64_t tokens = k == 1 ? ~0ull : ODD_TOKENS;
+        const long counted = k == 1 ? p->n_tokens : p->n_tokens / 2;
         for (long b = 0; b < o->n_bundles; b++) {
             const int len = b < whole ? k : n - (int)(b * k);
             rank[b].first = b * k;
-            rank[b].p = p->n_tokens ? (double)union_tokens(p, l, grouped + b * k, len, scratch) / p->n_tokens : 0;
+            rank[b].p = counted ? (double)union_tokens(p, l, grouped + b * k, len, tokens, scratch) / counted : 0;
         }
         qsort(rank, (size_t)whole, sizeof *rank, by_need);
         int32_t *dst = o->order + (size_t)l * n;

@@ -8,7 +8,15 @@
  * serves them all. Then the bundles are sorted by how often a token needs
  * them (any member fired), so every layer's bundles are hottest first and a
  * pinned hot set is a prefix; a short bundle (n_ff not a multiple of k) stays
- * last, where the bundle file puts it. */
+ * last, where the bundle file puts it.
+ *
+ * For k > 1 the co-activation is counted on the even calibration tokens and
+ * how often a bundle is needed on the odd ones. Counted on the tokens that
+ * chose them, partners picked as the best of GROUP_WINDOW looked more
+ * co-firing than they are: on the 7B file, whose neurons fire independently,
+ * 2-neuron bundles were predicted to need 80.9 % hits' worth of reads (a
+ * plan 5 % faster than 1-neuron bundles) and read 92 MB a token against 48,
+ * decoding 6.50 tok/s against 8.05. */
 #ifndef PI2_PLANNER_BUNDLE_ORDER_H
 #define PI2_PLANNER_BUNDLE_ORDER_H
 

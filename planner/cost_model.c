@@ -36,11 +36,38 @@ static double che_time(const double *p, long n, long slots) {
     return 0.5 * (lo + hi);
 }
 
+/* A layer's bundles: the probability mass needed (need) and missed (the return), given Che's time tc */
+static double layer_misses(const cost_inputs *in, const cost_layout *lay, int l, double tc, double *need) {
+    const long hot = lay->hot_bundles ? lay->hot_bundles[l] : in->n_bundles;
+    double miss = 0;
+    *need = 0;
+    for (long b = 0; b < in->n_bundles; b++) {
+        const double p = in->p_bundle[(size_t)l * in->n_bundles + b];
+        *need += p;
+        if (b >= hot) miss += p * (isinf(tc) ? 0 : exp(-p * tc));
+    }
+    return miss;
+}
+
+/* a layer's sparse (or dense) FFN compute */
+static double layer_ffn_s(const cost_inputs *in, const hw_profile *hw, int T, double mem, int l) {
+    const double act = in->active[l];
+    double ffn_s;
+    if (in->mode == FFN_DENSE) /* every gate, up and down row: n_ff rows of each, the down ones as long */
+        return stream_s(3.0 * in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem);
+    if (in->mode == FFN_GATE_FIRST)
+        ffn_s = stream_s(in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem) +
+                stream_s(act, (double)in->up_row, hw->sparse_rows_s, T, mem);
+    else
+        ffn_s = stream_s(2 * act, 0.5 * (double)(in->gate_row + in->up_row), hw->sparse_rows_s, T, mem);
+    return ffn_s + stream_s(act, (double)in->down_row, hw->axpy_rows_s, T, mem);
+}
+
 void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout *lay, cost_prediction *out) {
     const int T = lay->threads > 0 ? lay->threads : 1;
     const double mem = T > 1 ? hw->mem_gbs_all : hw->mem_gbs_one;
     /* dense weights: at the dense kernel's rate, in row-equivalents of the FFN row size */
-    double compute_s = stream_s(in->dense_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem);
+    const double dense_s = stream_s(in->dense_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem);
 
     /* the cold bundles of every layer, asked for per token, for the LRU approximation */
     double *cold_p = malloc(sizeof(double) * (size_t)in->n_layer * (size_t)in->n_bundles);
@@ -52,46 +79,45 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
     const double tc = cold_p ? che_time(cold_p, n_cold, lay->cold_slots) : 0;
     free(cold_p);
 
-    double needed = 0, misses = 0, io_s = 0, exposed_s = 0;
+    double needed = 0, misses = 0, io_s = 0, compute_s = 0, total_s = 0;
     for (int l = 0; l < in->n_layer; l++) {
-        const double act = in->active[l];
-        double ffn_s;
-        if (in->mode == FFN_DENSE) /* every gate, up and down row: n_ff rows of each, the down ones as long */
-            ffn_s = stream_s(3.0 * in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem);
-        else if (in->mode == FFN_GATE_FIRST)
-            ffn_s = stream_s(in->n_ff, (double)in->gate_row, hw->dense_rows_s, T, mem) +
-                    stream_s(act, (double)in->up_row, hw->sparse_rows_s, T, mem);
-        else
-            ffn_s = stream_s(2 * act, 0.5 * (double)(in->gate_row + in->up_row), hw->sparse_rows_s, T, mem);
-        if (in->mode != FFN_DENSE) ffn_s += stream_s(act, (double)in->down_row, hw->axpy_rows_s, T, mem);
-
-        const long hot = lay->hot_bundles ? lay->hot_bundles[l] : in->n_bundles;
-        double miss_l = 0, need_l = 0;
-        for (long b = 0; b < in->n_bundles; b++) {
-            const double p = in->p_bundle[(size_t)l * in->n_bundles + b];
-            need_l += p;
-            if (b >= hot) miss_l += p * (isinf(tc) ? 0 : exp(-p * tc));
-        }
+        double need;
+        misses += layer_misses(in, lay, l, tc, &need);
+        needed += need;
+    }
+    /* asking ahead runs the predictor again, under a budget only */
+    const bool ahead = in->mode == FFN_PREDICTOR && misses > 0;
+    const double guess_s =
+        ahead ? stream_s(in->guess_whole_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, 1, mem) +
+                    stream_s(in->guess_split_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem) +
+                    in->n_layer * hw->bus_rtt_us * 0.5e-6
+              : 0;
+    for (int l = 0; l < in->n_layer; l++) {
+        double need;
+        const double miss = layer_misses(in, lay, l, tc, &need), ffn_s = layer_ffn_s(in, hw, T, mem, l);
         /* a layer's misses go out as one batch: about one read's latency, then the rest at the queue
          * depth's throughput (both grow with the misses, so fewer misses never predict slower reads) */
         double io_l = 0;
-        if (miss_l > 0)
-            io_l = fmin(miss_l, 1.0) / hw_io_iops(hw, in->stride, 1) +
-                   fmax(miss_l - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
-        /* the resident share computes while the reads are in flight; what arrives computes as it lands */
-        const double missed_share = need_l > 0 ? miss_l / need_l : 0;
-        const double layer_s = fmax(ffn_s, io_l + ffn_s * missed_share);
-        exposed_s += layer_s - ffn_s;
-        compute_s += ffn_s;
+        if (miss > 0)
+            io_l = fmin(miss, 1.0) / hw_io_iops(hw, in->stride, 1) +
+                   fmax(miss - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
+        const double io_cpu_l = miss > 0 ? (miss * lay->io_cpu_us + lay->io_batch_us) * 1e-6 : 0;
+        const double dense_l = (dense_s + guess_s) / in->n_layer;
+        /* what arrives computes as it lands: the missed share of the FFN comes after the reads */
+        const double after_reads = io_l + ffn_s * (need > 0 ? miss / need : 0);
+        const double layer_compute = dense_l + ffn_s + io_cpu_l;
+        const double layer_s = ahead ? fmax(layer_compute, after_reads)
+                                     : dense_l + fmax(ffn_s + io_cpu_l, after_reads);
+        compute_s += layer_compute;
+        total_s += layer_s;
         io_s += io_l;
-        needed += need_l, misses += miss_l;
     }
     const double bus_s = in->n_layer * hw->bus_rtt_us * 1e-6;
-    const double total_s = compute_s + exposed_s + bus_s;
+    out->exposed_io_ms = (total_s - compute_s) * 1e3;
+    total_s += bus_s;
     out->tok_s = total_s > 0 ? 1 / total_s : 0;
     out->hit_rate = needed > 0 ? 1 - misses / needed : 1;
     out->misses_per_token = misses;
     out->compute_ms = compute_s * 1e3;
     out->io_ms = io_s * 1e3;
-    out->exposed_io_ms = exposed_s * 1e3;
 }

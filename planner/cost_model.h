@@ -7,11 +7,20 @@
  * measured kernel rates on the compute threads, capped by memory bandwidth;
  * the bundles the token needs that are neither pinned hot nor in the cold
  * cache are read as one batch per layer (one read's latency, then the rest at
- * the queue depth's measured IOPS), overlapped with the resident part's
- * compute. The cold cache is LRU under Che's approximation:
- * bundle i, asked for with probability p_i per token, is found with
- * probability 1 - exp(-p_i T), T such that the expected occupancy fills the
- * slots. Plus a bus round trip per layer. */
+ * the queue depth's measured IOPS). The cold cache is LRU under Che's
+ * approximation: bundle i, asked for with probability p_i per token, is found
+ * with probability 1 - exp(-p_i T), T such that the expected occupancy fills
+ * the slots. Plus a bus round trip per layer.
+ *
+ * The reads overlap computing: in predictor mode from the start of the layer
+ * (the cpu-workers ask for the predicted misses before attention, running
+ * the predictor a second time and sending the batch: guess_*_bytes, half a
+ * bus round trip), in gate-first from the FFN step
+ * (the gate rows decide); the chunks whose bundles were read compute as
+ * they land. Every read also takes the io-worker's CPU time (io_cpu_us), and
+ * every layer that reads its messages (io_batch_us): where the io-worker
+ * shares a core with a cpu-worker, that worker's layer is longer by them, and
+ * the others wait for it at the layer's barriers. */
 #ifndef PI2_PLANNER_COST_MODEL_H
 #define PI2_PLANNER_COST_MODEL_H
 
@@ -31,6 +40,9 @@ typedef struct {
     long n_bundles;                /* per layer */
     size_t stride;                 /* bytes per bundle */
     const double *p_bundle;        /* [n_layer][n_bundles] */
+    /* predictor weights read again per token to ask for the misses ahead (predictor mode; 0: no
+     * guess): by every compute thread's worker whole (the first stage), and split between them */
+    double guess_whole_bytes, guess_split_bytes;
 } cost_inputs;
 
 typedef struct {
@@ -38,6 +50,10 @@ typedef struct {
     long cold_slots;
     int queue_depth;
     int threads;                   /* decode compute threads in all */
+    double io_cpu_us;              /* a compute core's time per bundle read (the io-worker's, on the core
+                                      it shares); 0 when the io-worker has a core of its own */
+    double io_batch_us;            /* the same per layer that reads: taking each cpu-worker's batch of
+                                      misses and answering it (0 likewise) */
 } cost_layout;
 
 typedef struct {

@@ -46,39 +46,19 @@ static void progress_step(void *ctx, const char *step) {
     p->done++;
 }
 
-/* One pass of a measurement; returns the work it did (bytes, rows). */
-typedef double (*pass_fn)(void *ctx);
-
-/* The best work per second of the passes run during `seconds` (at least
- * MIN_PASSES): the fastest pass is the one least disturbed by the other work
- * of a shared machine. */
-static double best_rate(pass_fn pass, void *ctx, double seconds) {
-    double best = 0;
-    const double start = clock_seconds();
-    for (int i = 0; i < MIN_PASSES || clock_seconds() - start < seconds; i++) {
-        const double t0 = clock_seconds();
-        const double work = pass(ctx);
-        const double t = clock_seconds() - t0;
-        if (t > 0 && work / t > best) best = work / t;
-    }
-    return best;
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* ---- memory read bandwidth ---- */
 
-static int measure_memory(hw_profile *h, const uint8_t *buf, size_t bytes, double seconds, progress *p, char *err,
-                          size_t errlen) {
-    threadpool *pool = pool_new(h->n_cpus);
-    if (!pool) {
-        err_set(err, errlen, "memory bandwidth: cannot start %d threads", h->n_cpus);
-        return -1;
-    }
+static void measure_memory(hw_profile *h, const uint8_t *buf, size_t bytes, threadpool *pool, double seconds,
+                           progress *p) {
     progress_step(p, "memory bandwidth, 1 thread");
     h->mem_gbs_one = mem_read_rate(buf, bytes, NULL, seconds) / 1e9;
     progress_step(p, "memory bandwidth, all threads");
     h->mem_gbs_all = mem_read_rate(buf, bytes, pool, seconds) / 1e9;
-    pool_free(pool);
-    return 0;
 }
 
 /* ---- the FFN's kernels ---- */
@@ -105,11 +85,12 @@ typedef struct {
     const sparse_type_kernels *sk; /* for w's type */
     weight w;                      /* the synthetic matrix, filling the buffer */
     act_vec in;                    /* a random activation, converted for every type */
-    float *x, *y;                  /* [row_len] */
-    float *out, *coef;             /* [max(MATVEC_CHUNK_ROWS, largest class)] */
+    int threads;                   /* the pool's: every pass runs on all of them at once */
+    float *x, *y;                  /* x [row_len]; y [threads][row_len], each thread's axpy output */
+    float *out, *coef;             /* [max(MATVEC_CHUNK_ROWS * threads, largest class)] */
     int32_t *rows_by_class;        /* [w.rows]: class 0's rows ascending, then class 1's, ... */
     long class_start[SPARSE_SHARE + 1];
-    int next_class;
+    int pass_class;                /* the class the pass under way reads */
 } kernel_bench;
 
 static int row_class(long row) { return (int)(synth_mix((uint64_t)row * SYNTH_GOLDEN) % SPARSE_SHARE); }
@@ -135,38 +116,72 @@ static const void *activation_for(const kernel_bench *b) {
     return b->w.type == GGML_TYPE_F16 ? (const void *)b->in.f16 : (const void *)b->in.q8;
 }
 
-/* The next class's rows and their count. */
-static const int32_t *next_class(kernel_bench *b, int *count) {
-    const int c = b->next_class;
-    b->next_class = (c + 1) % SPARSE_SHARE;
-    *count = (int)(b->class_start[c + 1] - b->class_start[c]);
-    return b->rows_by_class + b->class_start[c];
-}
+/* Passes run on every thread at once, each on its share, as the stack's
+ * cpu-workers share a layer: the dense dot each thread's range of rows, a
+ * gather or an axpy each thread's part of the pass's class (the axpy into
+ * its own y). */
+typedef void (*share_fn)(void *ctx, int ith, int nth);
 
-static double dense_pass(void *ctx) {
+static void dense_share(void *ctx, int ith, int nth) {
     const kernel_bench *b = ctx;
-    for (long r0 = 0; r0 < b->w.rows; r0 += MATVEC_CHUNK_ROWS) {
-        const long r1 = r0 + MATVEC_CHUNK_ROWS < b->w.rows ? r0 + MATVEC_CHUNK_ROWS : (long)b->w.rows;
-        matvec_rows_packed(b->k, &b->w, &b->in, b->out, r0, r1);
+    long begin, end;
+    pool_split(b->w.rows, ith, nth, &begin, &end);
+    float *out = b->out + (size_t)ith * MATVEC_CHUNK_ROWS;
+    for (long r0 = begin; r0 < end; r0 += MATVEC_CHUNK_ROWS)
+        matvec_rows_packed(b->k, &b->w, &b->in, out, r0, r0 + MATVEC_CHUNK_ROWS < end ? r0 + MATVEC_CHUNK_ROWS : end);
+}
+
+/* this thread's part of the pass's class: its rows' indices, their count, their first index */
+static const int32_t *class_share(const kernel_bench *b, int ith, int nth, int *count, long *first) {
+    const long c0 = b->class_start[b->pass_class], n = b->class_start[b->pass_class + 1] - c0;
+    long begin, end;
+    pool_split(n, ith, nth, &begin, &end);
+    *count = (int)(end - begin);
+    *first = begin;
+    return b->rows_by_class + c0 + begin;
+}
+
+static void gather_share(void *ctx, int ith, int nth) {
+    const kernel_bench *b = ctx;
+    int count;
+    long first;
+    const int32_t *idx = class_share(b, ith, nth, &count, &first);
+    b->sk->dot(b->w.data, b->w.row_bytes, idx, count, activation_for(b), (int)b->w.cols, b->out + first, NULL);
+}
+
+static void axpy_share(void *ctx, int ith, int nth) {
+    const kernel_bench *b = ctx;
+    int count;
+    long first;
+    const int32_t *idx = class_share(b, ith, nth, &count, &first);
+    float *y = b->y + (size_t)ith * (size_t)b->w.cols;
+    memset(y, 0, sizeof(float) * (size_t)b->w.cols);
+    b->sk->axpy(b->w.data, b->w.row_bytes, idx, b->coef + first, count, y, (int)b->w.cols, NULL);
+}
+
+/* Rows per second of each thread, in the median of the passes run during
+ * `seconds` (at least MIN_PASSES), the pool running `share` on every thread
+ * at once: what a thread keeps up while the others stream beside it, in a
+ * typical pass of a shared machine (not the best: the stack does not get
+ * its best passes either). A gather or axpy pass reads one class (the next
+ * each time); a dense pass every row. */
+static double rows_per_thread_s(threadpool *pool, share_fn share, kernel_bench *b, bool by_class, double seconds) {
+    enum { MAX_PASSES = 256 };
+    double rate[MAX_PASSES];
+    int n = 0;
+    const double start = clock_seconds();
+    while (n < MAX_PASSES && (n < MIN_PASSES || clock_seconds() - start < seconds)) {
+        const double rows = by_class ? (double)(b->class_start[b->pass_class + 1] - b->class_start[b->pass_class])
+                                     : (double)b->w.rows;
+        const double t0 = clock_seconds();
+        pool_run(pool, share, b);
+        const double t = clock_seconds() - t0;
+        if (by_class) b->pass_class = (b->pass_class + 1) % SPARSE_SHARE;
+        if (t > 0) rate[n++] = rows / t;
     }
-    return (double)b->w.rows;
-}
-
-static double gather_pass(void *ctx) {
-    kernel_bench *b = ctx;
-    int count;
-    const int32_t *idx = next_class(b, &count);
-    b->sk->dot(b->w.data, b->w.row_bytes, idx, count, activation_for(b), (int)b->w.cols, b->out, NULL);
-    return count;
-}
-
-static double axpy_pass(void *ctx) {
-    kernel_bench *b = ctx;
-    int count;
-    const int32_t *idx = next_class(b, &count);
-    memset(b->y, 0, sizeof(float) * (size_t)b->w.cols);
-    b->sk->axpy(b->w.data, b->w.row_bytes, idx, b->coef, count, b->y, (int)b->w.cols, NULL);
-    return count;
+    if (n == 0) return 0;
+    qsort(rate, (size_t)n, sizeof *rate, by_value);
+    return rate[n / 2] / pool_size(pool);
 }
 
 /* The matrix: random rows of `type` filling buf (bytes: a multiple of 8),
@@ -181,8 +196,8 @@ static int kernel_bench_init(kernel_bench *b, uint8_t *buf, size_t bytes, uint32
     free(b->rows_by_class), free(b->out), free(b->coef);
     b->rows_by_class = malloc(sizeof(int32_t) * (size_t)b->w.rows);
     if (!b->rows_by_class) return -1;
-    const long largest = deal_rows(b);
-    const size_t per_row = (size_t)(largest > MATVEC_CHUNK_ROWS ? largest : MATVEC_CHUNK_ROWS);
+    const long largest = deal_rows(b), chunks = (long)MATVEC_CHUNK_ROWS * b->threads;
+    const size_t per_row = (size_t)(largest > chunks ? largest : chunks);
     b->out = malloc(sizeof(float) * per_row);
     b->coef = malloc(sizeof(float) * per_row);
     if (!b->out || !b->coef) return -1;
@@ -197,10 +212,11 @@ static void kernel_bench_free(kernel_bench *b) {
 }
 
 /* The activation x, converted once for every weight type. */
-static int kernel_bench_activation(kernel_bench *b, int row_len) {
+static int kernel_bench_activation(kernel_bench *b, int row_len, int threads) {
     b->k = kernels_best();
+    b->threads = threads;
     b->x = malloc(sizeof(float) * (size_t)row_len);
-    b->y = malloc(sizeof(float) * (size_t)row_len);
+    b->y = malloc(sizeof(float) * (size_t)row_len * (size_t)threads);
     b->in.f16 = malloc(sizeof(uint16_t) * (size_t)row_len);
     b->in.q8 = malloc(sizeof(block_q8_0) * (size_t)(row_len / QK8_0 + 1));
     if (!b->x || !b->y || !b->in.f16 || !b->in.q8) return -1;
@@ -230,9 +246,14 @@ static int measure_memory_and_kernels(hw_profile *h, uint32_t down_type, double 
                                       size_t errlen) {
     size_t mapped = 0, bytes = memory_bench_bytes();
     uint8_t *buf = huge_alloc(bytes, &mapped);
+    threadpool *pool = pool_new(h->n_cpus);
     kernel_bench b = {0};
     int rc = -1;
-    if (!buf || kernel_bench_activation(&b, h->row_len)) {
+    if (!pool) {
+        err_set(err, errlen, "memory and kernels: cannot start %d threads", h->n_cpus);
+        goto out;
+    }
+    if (!buf || kernel_bench_activation(&b, h->row_len, h->n_cpus)) {
         err_set(err, errlen, "out of memory for a %zu MiB buffer to measure memory and kernels", bytes >> 20);
         goto out;
     }
@@ -241,21 +262,22 @@ static int measure_memory_and_kernels(hw_profile *h, uint32_t down_type, double 
                 ggml_type_name(h->weight_type), h->row_len);
         goto out;
     }
-    if (measure_memory(h, buf, bytes, seconds, p, err, errlen)) goto out;
+    measure_memory(h, buf, bytes, pool, seconds, p);
     progress_step(p, "dense dot");
-    h->dense_rows_s = best_rate(dense_pass, &b, seconds);
+    h->dense_rows_s = rows_per_thread_s(pool, dense_share, &b, false, seconds);
     progress_step(p, "sparse gather");
-    h->sparse_rows_s = best_rate(gather_pass, &b, seconds);
+    h->sparse_rows_s = rows_per_thread_s(pool, gather_share, &b, true, seconds);
     if (down_type != h->weight_type && kernel_bench_init(&b, buf, bytes, down_type, h->row_len)) {
         err_set(err, errlen, "kernels: no sparse kernels for %s down_t rows of %d, or out of memory",
                 ggml_type_name(down_type), h->row_len);
         goto out;
     }
     progress_step(p, "sparse axpy");
-    h->axpy_rows_s = best_rate(axpy_pass, &b, seconds);
+    h->axpy_rows_s = rows_per_thread_s(pool, axpy_share, &b, true, seconds);
     rc = 0;
 out:
     kernel_bench_free(&b);
+    pool_free(pool);
     huge_free(buf, mapped);
     return rc;
 }

@@ -3,7 +3,9 @@
  * (planner/cost_model.h) predicts decode speed from it and the model profile.
  *
  * Kernel figures are for one weight type and row length (the model's FFN),
- * one thread, weights streamed from memory (not cache). I/O figures are
+ * weights streamed from memory (not cache), per thread while every thread
+ * streams its share at once (as the stack's cpu-workers do), in a median
+ * pass. I/O figures are
  * O_DIRECT random reads with io_uring on the model's own file system, at each
  * candidate bundle size and queue depth. */
 #ifndef PI2_PLANNER_HW_PROFILE_H
@@ -16,9 +18,10 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 3
+#define HW_PROFILE_VERSION 4
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 9 /* queue depths: 1, 2, 4, ... 256 (a disk that still speeds up past 64: bench/offload) */
+#define HW_IO_CPU_DEPTH 64 /* the depth whose reads' CPU time the profile keeps */
 
 extern const int hw_io_size_kib[HW_IO_SIZES];
 extern const int hw_io_depth[HW_IO_DEPTHS];
@@ -34,13 +37,19 @@ typedef struct {
     uint32_t weight_type;     /* GGML_TYPE_* of ffn_gate */
     uint32_t down_type;       /* GGML_TYPE_* of the down_t rows the axpy reads (bundle_down_type) */
     int row_len;              /* n_embd */
-    double dense_rows_s;      /* dense dot (matvec) rows per second */
-    double sparse_rows_s;     /* gathered rows (sparse_kernels: a 10 % random subset, in index order) per second */
-    double axpy_rows_s;       /* down_t rows accumulated by the sparse axpy per second */
+    double dense_rows_s;      /* dense dot (matvec) rows per second, per thread, all threads at once */
+    double sparse_rows_s;     /* gathered rows (sparse_kernels: a 10 % random subset, in index order) per second,
+                                 likewise */
+    double axpy_rows_s;       /* down_t rows accumulated by the sparse axpy per second, likewise */
     /* storage, on the file system holding the model */
     uint64_t fs_dev;          /* st_dev of the model file: the cache key */
     bool o_direct;            /* false when O_DIRECT was refused (then reads went through the page cache) */
     double iops[HW_IO_SIZES][HW_IO_DEPTHS]; /* random aligned reads per second */
+    /* CPU time of the reading thread per random read at depth HW_IO_CPU_DEPTH, microseconds, with a
+     * busy thread on its core (as the io-worker beside a cpu-worker): queueing and reaping it
+     * (io_cpu_us), and the same with the bytes that just landed checked against a checksum, as the
+     * io-worker checks bundles (checked_cpu_us) */
+    double io_cpu_us[HW_IO_SIZES], checked_cpu_us[HW_IO_SIZES];
     double seq_mbs;           /* sequential 1 MiB reads (4 in flight), MB/s (1e6 bytes) */
     double bus_rtt_us;        /* ZeroMQ request-reply round trip over ipc, microseconds (median) */
     double seconds;           /* how long the measurement took */
@@ -89,10 +98,17 @@ int hw_profile_read(hw_profile *h, FILE *f, const char *path, char *err, size_t 
  * times bytes / 32 KiB. */
 double hw_io_iops(const hw_profile *h, size_t bytes, int depth);
 
+/* CPU microseconds of the reading thread per random read of `bytes`
+ * (checked against its checksum when verify), linear in bytes between the
+ * measured sizes, clamped below the smallest and proportional above the
+ * largest. */
+double hw_io_cpu_us(const hw_profile *h, size_t bytes, bool verify);
+
 /* The storage part of hw_profile_measure (hw_profile_io.c): fills o_direct,
- * iops and seq_mbs, calling step(ctx, name) before each of its
+ * iops, io_cpu_us, checked_cpu_us and seq_mbs, calling step(ctx, name) before each of its
  * HW_IO_POINTS points. 0, or -1 with err set. */
-#define HW_IO_POINTS (1 + HW_IO_SIZES * HW_IO_DEPTHS + 1) /* scratch file or probe, the grid, sequential */
+/* scratch file or probe, the grid, each size's reads plain and checked beside a busy thread, sequential */
+#define HW_IO_POINTS (1 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES + 1)
 #define MEMORY_KERNEL_POINTS 5 /* bandwidth on one thread and on all, three kernels */
 #define BUS_POINTS 1
 typedef void (*hw_step_fn)(void *ctx, const char *step);

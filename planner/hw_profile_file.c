@@ -27,7 +27,8 @@ typedef struct {
     size_t cap;    /* TEXT: the buffer's size */
 } field;
 
-#define N_FIELDS (17 + HW_IO_SIZES * HW_IO_DEPTHS) /* what profile_fields fills (the test counts the lines) */
+#define N_FIELDS (17 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
+                                                                        counts the lines) */
 
 /* The fields of h in file order (version first); returns their count. */
 static int profile_fields(hw_profile *h, field *f) {
@@ -53,6 +54,12 @@ static int profile_fields(hw_profile *h, field *f) {
             f[n] = (field){"", FIELD_DOUBLE, &h->iops[s][d], 0, 1e9, 0};
             snprintf(f[n++].key, sizeof f->key, "iops.%d.%d", hw_io_size_kib[s], hw_io_depth[d]);
         }
+    for (int s = 0; s < HW_IO_SIZES; s++) {
+        f[n] = (field){"", FIELD_DOUBLE, &h->io_cpu_us[s], 0, 1e6, 0};
+        snprintf(f[n++].key, sizeof f->key, "io_cpu_us.%d", hw_io_size_kib[s]);
+        f[n] = (field){"", FIELD_DOUBLE, &h->checked_cpu_us[s], 0, 1e6, 0};
+        snprintf(f[n++].key, sizeof f->key, "checked_cpu_us.%d", hw_io_size_kib[s]);
+    }
     DOUBLE_FIELD(seq_mbs, 1e7);
     DOUBLE_FIELD(bus_rtt_us, 1e7);
     DOUBLE_FIELD(seconds, 1e6);
@@ -305,4 +312,20 @@ double hw_io_iops(const hw_profile *h, size_t bytes, int depth) {
     const double lo = (double)((size_t)hw_io_size_kib[s - 1] << 10), hi = (double)((size_t)hw_io_size_kib[s] << 10);
     const double t = ((double)bytes - lo) / (hi - lo);
     return 1 / ((1 - t) / iops_at_depth(h, s - 1, depth) + t / iops_at_depth(h, s, depth));
+}
+
+/* value[s] at size column s, linear in bytes between the sizes measured */
+static double per_size(const double *value, size_t bytes) {
+    const size_t smallest = (size_t)hw_io_size_kib[0] << 10, largest = (size_t)hw_io_size_kib[HW_IO_SIZES - 1] << 10;
+    if (bytes <= smallest) return value[0];
+    if (bytes >= largest) return value[HW_IO_SIZES - 1] * (double)bytes / (double)largest;
+    int s = 1;
+    while (bytes > (size_t)hw_io_size_kib[s] << 10) s++;
+    const double lo = (double)((size_t)hw_io_size_kib[s - 1] << 10), hi = (double)((size_t)hw_io_size_kib[s] << 10);
+    const double t = ((double)bytes - lo) / (hi - lo);
+    return (1 - t) * value[s - 1] + t * value[s];
+}
+
+double hw_io_cpu_us(const hw_profile *h, size_t bytes, bool verify) {
+    return per_size(verify ? h->checked_cpu_us : h->io_cpu_us, bytes);
 }

@@ -14,6 +14,15 @@ static uint64_t kv_bytes(const model *m, int ctx) {
     return (uint64_t)m->n_layer * (uint64_t)ctx * (uint64_t)(m->n_head_kv * m->head_dim) * 2 /* K, V */ * 2 /* F16 */;
 }
 
+/* the predictor's first stage (fc1: n_embd x rank) as a share of its weights (fc2: rank x n_ff beside
+ * it); 0 without a predictor in the model (a side file's stages are not known here: all second stage) */
+static double stage1_share(const model *m) {
+    const weight *fc1 = &m->layers[0].fc1, *fc2 = &m->layers[0].fc2;
+    if (!fc1->data || !fc2->data) return 0;
+    const double e1 = (double)fc1->rows * (double)fc1->cols, e2 = (double)fc2->rows * (double)fc2->cols;
+    return e1 + e2 > 0 ? e1 / (e1 + e2) : 0;
+}
+
 void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const model *m = in->m;
     memset(f, 0, sizeof *f);
@@ -41,6 +50,10 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const bool predicts = in->mode == FFN_PREDICTOR;
     f->preload = attention + output + row + (predicts ? predictor : gates) + kv_bytes(m, in->ctx);
     f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0));
+    /* the guess runs the first stage whole in every cpu-worker, the second for its own neurons */
+    const double stage1 = predicts ? (double)predictor * stage1_share(m) : 0;
+    f->guess_whole_bytes = stage1;
+    f->guess_split_bytes = predicts ? (double)predictor - stage1 : 0;
     f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
     /* in gate-first the gate rows are preloaded, so a layer streams its up and down rows */
     const size_t streamed = predicts ? f->neuron_bytes : f->up_row + f->down_row;
@@ -135,10 +148,26 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
         lay->cold_slots = cold;
         allocate_hot(order, n_layer, slots - cold, lay->hot_bundles);
     }
-    const cost_inputs ci = {n_layer,        in->m->n_ff,      in->mode,       f->dense_bytes,
-                            f->gate_row,    f->up_row,        f->down_row,    order->active,
-                            order->n_bundles, (size_t)lay->stride, order->p_bundle};
-    const cost_layout cl = {lay->hot_bundles, lay->cold_slots, lay->queue_depth, in->threads};
+    const cost_inputs ci = {.n_layer = n_layer,
+                            .n_ff = in->m->n_ff,
+                            .mode = in->mode,
+                            .dense_bytes = f->dense_bytes,
+                            .gate_row = f->gate_row,
+                            .up_row = f->up_row,
+                            .down_row = f->down_row,
+                            .active = order->active,
+                            .n_bundles = order->n_bundles,
+                            .stride = (size_t)lay->stride,
+                            .p_bundle = order->p_bundle,
+                            .guess_whole_bytes = f->guess_whole_bytes,
+                            .guess_split_bytes = f->guess_split_bytes};
+    const cost_layout cl = {.hot_bundles = lay->hot_bundles,
+                            .cold_slots = lay->cold_slots,
+                            .queue_depth = lay->queue_depth,
+                            .threads = in->threads,
+                            .io_cpu_us = in->io_shares_compute ? hw_io_cpu_us(in->hw, lay->stride, in->checksums) : 0,
+                            /* a batch in and its answer out per cpu-worker: a bus round trip's CPU each */
+                            .io_batch_us = in->io_shares_compute ? in->cpu_workers * in->hw->bus_rtt_us : 0};
     cost_predict(&ci, in->hw, &cl, &lay->pred);
     return 0;
 }

@@ -28,8 +28,11 @@ typedef struct {
     int ctx;
     int n_processes;   /* in the stack */
     int threads;       /* decode compute threads in all */
+    int cpu_workers;   /* the processes they are in */
     int max_prefill;   /* prompt tokens per prefill step */
     uint64_t side_predictor_bytes; /* a pi2-predictor side file's size, 0: the model's own fc1/fc2 */
+    bool io_shares_compute;        /* the io-worker's reads take a compute core's time (stack_conf) */
+    bool checksums;                /* bundles checked as they are read */
     const hw_profile *hw;
 } layout_inputs;
 
@@ -39,6 +42,9 @@ typedef struct {
     uint64_t process;
     uint64_t staging;       /* two layers' FFN rows, for the prefill's streaming */
     double dense_bytes;     /* weights read densely per token */
+    /* the predictor's, read again to ask for a layer's misses ahead (predictor mode): by every
+     * cpu-worker (its first stage), and split between them (its second) */
+    double guess_whole_bytes, guess_split_bytes;
     size_t gate_row, up_row, down_row, neuron_bytes;
 } layout_fixed;
 

@@ -79,6 +79,11 @@ static void check_measured(const hw_profile *h, const model *m, const char *mode
     CHECK(slower_deep == 0, "%d sizes where depth 32 reads at under half the rate of depth 1", slower_deep);
     CHECK(h->iops[0][0] >= 0.5 * h->iops[4][0], "4 KiB %g reads/s against 32 KiB %g", h->iops[0][0], h->iops[4][0]);
     CHECK(positive(h->seq_mbs) && positive(h->bus_rtt_us), "seq %g MB/s, bus %g us", h->seq_mbs, h->bus_rtt_us);
+    int bad_cpu = 0;
+    for (int s = 0; s < HW_IO_SIZES; s++)
+        bad_cpu += !positive(h->io_cpu_us[s]) || !positive(h->checked_cpu_us[s]) || h->io_cpu_us[s] > 1e4;
+    CHECK(bad_cpu == 0, "%d CPU-per-read figures not positive or over 10 ms (8 KiB: %g, checked %g us)", bad_cpu,
+          h->io_cpu_us[1], h->checked_cpu_us[1]);
     CHECK(positive(h->seconds) && h->seconds < 60, "%g s", h->seconds);
 }
 
@@ -111,7 +116,9 @@ static bool same_profile(const hw_profile *a, const hw_profile *b) {
            !strcmp(a->kernels, b->kernels) && a->mem_gbs_one == b->mem_gbs_one && a->mem_gbs_all == b->mem_gbs_all &&
            a->weight_type == b->weight_type && a->row_len == b->row_len && a->dense_rows_s == b->dense_rows_s &&
            a->sparse_rows_s == b->sparse_rows_s && a->axpy_rows_s == b->axpy_rows_s && a->fs_dev == b->fs_dev &&
-           a->o_direct == b->o_direct && !memcmp(a->iops, b->iops, sizeof a->iops) && a->seq_mbs == b->seq_mbs &&
+           a->o_direct == b->o_direct && !memcmp(a->iops, b->iops, sizeof a->iops) &&
+           !memcmp(a->io_cpu_us, b->io_cpu_us, sizeof a->io_cpu_us) &&
+           !memcmp(a->checked_cpu_us, b->checked_cpu_us, sizeof a->checked_cpu_us) && a->seq_mbs == b->seq_mbs &&
            a->bus_rtt_us == b->bus_rtt_us && a->seconds == b->seconds;
 }
 
@@ -168,8 +175,9 @@ static void test_file(const hw_profile *h) {
     const char *text = read_text(path);
     const int n_lines = line_of(text, "seconds");
     /* version cpu n_cpus kernels mem_gbs_one mem_gbs_all weight_type down_type row_len dense_rows_s
-     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us seconds, and the IOPS grid */
-    CHECK(n_lines == 17 + HW_IO_SIZES * HW_IO_DEPTHS, "%d lines", n_lines);
+     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us seconds, the IOPS grid and the CPU per
+     * read of each size, plain and checked */
+    CHECK(n_lines == 17 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES, "%d lines", n_lines);
 
     replace_line(bad, sizeof bad, text, "mem_gbs_all", "");
     check_refused("missing", bad, (const char *[]){"mem_gbs_all", "missing"}, 2);
@@ -268,6 +276,14 @@ static void test_interpolation(void) {
     CHECK(hw_io_iops(&h, 4096, 1000) == h.iops[0][HW_IO_DEPTHS - 1], "deeper than the grid");
     CHECK(near(hw_io_iops(&h, 64 << 10, 64), h.iops[4][6] / 2), "64 KiB: %g", hw_io_iops(&h, 64 << 10, 64));
     CHECK(near(hw_io_iops(&h, 96 << 10, 2), h.iops[4][1] / 3), "96 KiB: %g", hw_io_iops(&h, 96 << 10, 2));
+
+    /* CPU per read: linear in bytes between the sizes, the checked figures when asked */
+    for (int s = 0; s < HW_IO_SIZES; s++) h.io_cpu_us[s] = 1 + s, h.checked_cpu_us[s] = 10 * (1 + s);
+    CHECK(hw_io_cpu_us(&h, 8 << 10, false) == 2 && hw_io_cpu_us(&h, 8 << 10, true) == 20, "8 KiB: %g, checked %g",
+          hw_io_cpu_us(&h, 8 << 10, false), hw_io_cpu_us(&h, 8 << 10, true));
+    CHECK(near(hw_io_cpu_us(&h, 6 << 10, false), 1.5), "6 KiB: %g", hw_io_cpu_us(&h, 6 << 10, false));
+    CHECK(hw_io_cpu_us(&h, 512, true) == 10, "below the grid: %g", hw_io_cpu_us(&h, 512, true));
+    CHECK(near(hw_io_cpu_us(&h, 64 << 10, false), 10), "64 KiB: %g", hw_io_cpu_us(&h, 64 << 10, false));
 }
 
 int main(void) {

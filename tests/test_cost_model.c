@@ -1,0 +1,131 @@
+/* The planner's cost model (planner/cost_model.h) on a two-layer model small
+ * enough to work out by hand, every rate a round number:
+ *  - everything resident: the dense weights and each layer's sparse FFN at
+ *    the kernels' rates, nothing else (no guess, no reads);
+ *  - every bundle missed, predictor mode: the reads start with the layer
+ *    (asked for ahead), so a layer lasts the longer of its compute (the
+ *    guess pass and the io-worker's CPU per read included) and its reads
+ *    plus the share of the FFN that waits for them;
+ *  - the same in gate-first: no guess, and the reads start at the FFN step,
+ *    after the layer's dense work;
+ *  - reads that cost nothing but CPU: the io-worker's time on the shared
+ *    core is the whole difference, misses x its time per read, plus its
+ *    time per layer for the workers' batches (none when nothing is read);
+ *  - on two threads, the guess's first stage is not shared (every
+ *    cpu-worker runs it whole), the rest is;
+ *  - the io-worker on a core of its own (io_cpu_us 0) and a faster disk
+ *    never predict slower. */
+#include <math.h>
+#include <string.h>
+
+#include "../planner/cost_model.h"
+#include "test.h"
+
+#define N_LAYER 2
+#define N_BUNDLES 8
+
+static const double active[N_LAYER] = {2, 2};
+static double p_bundle[N_LAYER * N_BUNDLES];
+
+/* rows of 1000 bytes at 1e6 rows/s: 1 us a row; reads 1e4/s: 100 us each */
+static hw_profile machine(double iops) {
+    hw_profile hw;
+    memset(&hw, 0, sizeof hw);
+    hw.mem_gbs_one = hw.mem_gbs_all = 1e6; /* never the bound here */
+    hw.dense_rows_s = hw.sparse_rows_s = hw.axpy_rows_s = 1e6;
+    for (int s = 0; s < HW_IO_SIZES; s++)
+        for (int d = 0; d < HW_IO_DEPTHS; d++) hw.iops[s][d] = iops;
+    hw.bus_rtt_us = 0;
+    return hw;
+}
+
+static cost_inputs inputs(ffn_mode mode, double dense_bytes, double guess_whole, double guess_split) {
+    for (int i = 0; i < N_LAYER * N_BUNDLES; i++) p_bundle[i] = 0.25; /* 2 of the 8 a token, as active */
+    return (cost_inputs){.n_layer = N_LAYER,
+                         .n_ff = N_BUNDLES,
+                         .mode = mode,
+                         .dense_bytes = dense_bytes,
+                         .gate_row = 1000,
+                         .up_row = 1000,
+                         .down_row = 1000,
+                         .active = active,
+                         .n_bundles = N_BUNDLES,
+                         .stride = 8192,
+                         .p_bundle = p_bundle,
+                         .guess_whole_bytes = guess_whole,
+                         .guess_split_bytes = guess_split};
+}
+
+static const long none_hot[N_LAYER] = {0, 0};
+
+static double predict_on(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
+                         double io_batch_us, int threads) {
+    const cost_layout lay = {.hot_bundles = hot,
+                             .cold_slots = 0,
+                             .queue_depth = 4,
+                             .threads = threads,
+                             .io_cpu_us = io_cpu_us,
+                             .io_batch_us = io_batch_us};
+    cost_prediction p;
+    cost_predict(in, hw, &lay, &p);
+    return 1e6 / p.tok_s;
+}
+
+static double predict_batch_us(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
+                               double io_batch_us) {
+    return predict_on(in, hw, hot, io_cpu_us, io_batch_us, 1);
+}
+
+static double predict_us(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us) {
+    return predict_batch_us(in, hw, hot, io_cpu_us, 0);
+}
+
+static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
+
+int main(void) {
+    const hw_profile slow_disk = machine(1e4), free_disk = machine(1e12);
+
+    /* resident: dense 100 rows (100 us) + per layer 2 x 2 gathered rows and 2 axpy rows (6 us) */
+    cost_inputs in = inputs(FFN_PREDICTOR, 100 * 1000.0, 4 * 1000.0, 6 * 1000.0);
+    double us = predict_us(&in, &slow_disk, NULL, 5);
+    CHECK(near(us, 112), "resident predictor: %.6f us, want 112 (no guess, no reads)", us);
+
+    /* every bundle missed: per layer dense (100 + guess 10) / 2 = 55, FFN 6, io CPU 2 x 5 = 10: 71 us of
+     * compute; reads 100 (the first) + 100 (the second) = 200, then the missed FFN share (all of it) 6 */
+    us = predict_us(&in, &slow_disk, none_hot, 5);
+    CHECK(near(us, 2 * 206.0), "predictor, all missed, slow disk: %.6f us, want 412", us);
+
+    /* gate-first: FFN = 8 gate rows + 2 up + 2 down = 12 us; no guess; dense 50 a layer, then
+     * max(12 + 10, 200 + 12) */
+    cost_inputs gf = inputs(FFN_GATE_FIRST, 100 * 1000.0, 0, 0);
+    us = predict_us(&gf, &slow_disk, none_hot, 5);
+    CHECK(near(us, 2 * (50 + 212.0)), "gate-first, all missed, slow disk: %.6f us, want 524", us);
+
+    /* reads free but for the io-worker's CPU: compute-bound, 2 x (55 + 6 + 2 x 50) */
+    const double cpu_bound = predict_us(&in, &free_disk, none_hot, 50);
+    CHECK(fabs(cpu_bound - 2 * 161.0) < 1e-3, "predictor, free reads, 50 us of CPU each: %.6f us, want 322", cpu_bound);
+    const double own_core = predict_us(&in, &free_disk, none_hot, 0);
+    CHECK(fabs(cpu_bound - own_core - 4 * 50.0) < 1e-3,
+          "the io-worker's CPU adds misses x its time per read: %.6f us more, want 200", cpu_bound - own_core);
+
+    /* and each layer that reads, its batches' handling: 2 layers x 30 us */
+    const double batches = predict_batch_us(&in, &free_disk, none_hot, 50, 30);
+    CHECK(fabs(batches - cpu_bound - 2 * 30.0) < 1e-3, "a layer's batches add their time: %.6f us more, want 60",
+          batches - cpu_bound);
+    CHECK(near(predict_batch_us(&in, &slow_disk, NULL, 5, 30), 112), "resident: no batches");
+
+    /* two threads: the dense work and the FFN halve, the guess's first stage does not (every worker
+     * runs it whole): per layer (50 + 4 + 6 / 2) / 2 + (4 + 2) / 2 = 31.5 us, the reads free */
+    us = predict_on(&in, &free_disk, none_hot, 0, 0, 2);
+    CHECK(fabs(us - 2 * 31.5) < 1e-3, "predictor, two threads, free reads: %.6f us, want 63", us);
+
+    /* orderings that must hold whatever the figures */
+    CHECK(predict_us(&in, &slow_disk, none_hot, 0) <= predict_us(&in, &slow_disk, none_hot, 5),
+          "an io-worker with its own core is never predicted slower");
+    CHECK(predict_us(&in, &free_disk, none_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
+          "a faster disk is never predicted slower");
+    const long some_hot[N_LAYER] = {4, 4};
+    CHECK(predict_us(&in, &slow_disk, some_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
+          "more pinned bundles are never predicted slower");
+    return test_summary();
+}
