@@ -71,7 +71,12 @@ uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *er
     r->direct = r->fd[FILE_DIRECT] >= 0;
     if (!r->direct) log_info("%s: O_DIRECT refused (%s); using buffered reads", path, strerror(errno));
 
-    int rc = io_uring_queue_init(queue_depth, &r->ring, 0);
+    /* One thread submits and reaps, and every reap waits in the kernel: completions are handled then,
+     * not by interrupting the thread as they come (a reader beside a busy thread on its core, 8 KiB
+     * checked reads at depth 128, Intel Xeon: 5.2-5.8 -> 4.0-4.2 us of CPU a read). Kernels before
+     * 6.1 refuse the flags: without them. */
+    int rc = io_uring_queue_init(queue_depth, &r->ring, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+    if (rc == -EINVAL) rc = io_uring_queue_init(queue_depth, &r->ring, 0);
     if (rc < 0) {
         snprintf(err, errlen, "io_uring_queue_init(%u): %s", queue_depth, strerror(-rc));
         if (r->direct) close(r->fd[FILE_DIRECT]);

@@ -22,7 +22,8 @@ typedef struct {
 
 typedef struct uring_reader uring_reader;
 
-/* Opens path read-only and sets up a ring of queue_depth entries. NULL with a message in err. */
+/* Opens path read-only and sets up a ring of queue_depth entries. NULL with a message in err. The
+ * thread that opens a reader is the one that may queue, run and reap its reads (a single-issuer ring). */
 uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *err, size_t errlen);
 void uring_reader_close(uring_reader *r);
 uint64_t uring_reader_file_size(const uring_reader *r);
