@@ -157,10 +157,12 @@ static int model_profile_step(planning *pl) {
 /* ---- layouts ---- */
 
 /* A bigger bundle must be predicted this much faster to be chosen over a smaller one: it reads bytes a
- * token may not need, and predictions closer than the model's own error do not tell which is faster
- * (7B file at 3 GiB, Intel Xeon: 1, 2 and 4 neurons predicted within 1 % of each other; measured, 4
- * neurons decoded 8.78 tok/s against 10.0 with 1). */
-#define BIGGER_BUNDLE_MARGIN 0.05
+ * token may not need, and predictions closer than the model's own error do not tell which is faster.
+ * On the 7B file (Intel Xeon, virtio disk): at 3 GiB 1, 2 and 4 neurons were predicted within 1 % of
+ * each other, and 4 decoded 8.78 tok/s against 10.0 with 1; at 2 GiB 2 neurons were predicted 6.8 %
+ * faster from a profile that read 16 KiB at 87 k/s (an hour before: 50 k/s; 8 KiB: 101 and 103 k/s),
+ * and decoded 3.29 against 3.5-3.95. */
+#define BIGGER_BUNDLE_MARGIN 0.10
 
 /* the layout of the order that predicts the most tok/s under budget, bigger bundles only by
  * BIGGER_BUNDLE_MARGIN; -1 if none fits. tell: log every candidate's prediction (what decided the
