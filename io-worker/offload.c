@@ -127,6 +127,10 @@ int iow_attach_cache(io_worker *w) {
     }
     ncache_writer_restart(w->cache); /* slots a killed predecessor left loading */
     w->loader.cache = w->cache;
+    uint64_t cold_bytes;
+    uint8_t *cold = shm_region_ptr(w->ffn_seg, "cold", &cold_bytes);
+    int rc = cold ? uring_reader_register_buffer(w->bundle_reader, cold, cold_bytes) : -EINVAL;
+    if (rc < 0) log_info("cold slots not registered with the ring (%s): reads pin their pages", strerror(-rc));
     return 0;
 }
 

@@ -26,6 +26,11 @@ typedef struct uring_reader uring_reader;
  * thread that opens a reader is the one that may queue, run and reap its reads (a single-issuer ring). */
 uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *err, size_t errlen);
 void uring_reader_close(uring_reader *r);
+/* Registers [base, base + bytes) with the ring (once): reads into it then
+ * use the registered pages instead of pinning the destination's pages for
+ * each read and letting go of them on completion. 0, or -errno (reads then go
+ * on as before). */
+int uring_reader_register_buffer(uring_reader *r, void *base, uint64_t bytes);
 uint64_t uring_reader_file_size(const uring_reader *r);
 
 /* Runs every job to completion, at most queue_depth in flight. idle(ctx) is
