@@ -21,6 +21,7 @@
 #include "stack/shm.h"
 #include "stack/stack.h"
 #include "stack/stack_attach.h"
+#include "stack/work_balance.h"
 #include "engine/tokenizer.h"
 
 #define COORD_DEAD_MS 1000        /* a worker silent on the bus and in its ctl row for this long is lost */
@@ -41,6 +42,7 @@ typedef struct {
     int worker_wait_ms;     /* how long a generation waits for lost cpu-workers to come back */
     int npu_wait_ms;        /* ... for a lost npu-worker, before prefilling with decode tasks */
     int startup_wait_ms;    /* for cachemgr's segments and the weights */
+    const char *split;      /* the decode work split: auto, even or weights (work_balance_parse) */
 } coord_options;
 
 /* One worker the stack expects: cpu-worker.<i>, or the npu-worker. */
@@ -102,8 +104,13 @@ typedef struct {
     tokenizer *tok;
     stack_params params;      /* as the control block had them when we attached */
     msg_limits lim;
-    /* each cpu-worker's FFN chunks (chunk_split.h) as one (first neuron, count) pair, or
-     * none (n_chunk_ranges 0): a chunked FFN's DecodeTask cluster, made once at attach */
+    /* the decode work split (work_balance.h), and each cpu-worker's FFN chunks (chunk_split.h) as one
+     * (first neuron, count) pair, or none (n_chunk_ranges 0): a chunked FFN's DecodeTask cluster, made
+     * for the split's cuts when any worker can run any chunk, else once for the even split */
+    work_balance balance;
+    double *chunk_cost;       /* chunk_costs of the model */
+    bool chunks_follow_split; /* every worker has every chunk's rows (the file's, or the neuron cache's) */
+    uint32_t chunk_cuts[STACK_MAX_CPU_WORKERS + 1]; /* the cuts chunk_ranges were made for */
     uint32_t chunk_ranges[STACK_MAX_CPU_WORKERS][2];
     int n_chunk_ranges[STACK_MAX_CPU_WORKERS];
     /* the bus */
@@ -133,6 +140,8 @@ typedef struct {
 
 /* segments.c: waits for cachemgr's segments and the weights (lib/stack_attach), loads the tokenizer. */
 int coord_attach(coord *c);
+/* c->chunk_ranges for the split's cuts now, if they moved and the chunks follow the split. */
+void coord_chunk_ranges_update(coord *c);
 void coord_detach(coord *c);
 
 /* bus.c (the event pump): waits up to timeout_ms for messages on both sockets and handles them. */

@@ -162,6 +162,18 @@ static offload_tally offload_since(const coord *c, const offload_tally *start) {
     return sum;
 }
 
+/* Where the decode split stands (a user moving workers between cores sees how they compare). */
+static void log_split(const coord *c) {
+    const work_balance *b = &c->balance;
+    if (b->n < 2) return;
+    char line[STACK_MAX_CPU_WORKERS * 32];
+    int len = 0;
+    for (int i = 0; i < b->n; i++)
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %.1f %%", i ? "," : "", c->cpu[i].name,
+                        100.0 * (b->cut[i + 1] - b->cut[i]) / WORK_SHARE_ONE);
+    log_info("decode split (%s):%s", b->adaptive ? "balanced" : "fixed", line);
+}
+
 void generate_serve(coord *c) {
     gen_request *r = &c->req;
     r->pending = false;
@@ -201,6 +213,7 @@ void generate_serve(coord *c) {
             log_info("session %llu: prompt %d tokens in %.1f ms, %d tokens in %.1f ms (%.2f tok/s)",
                      (unsigned long long)c->session, n_prompt, t1 - t0, res.n_gen, t2 - t1,
                      res.n_gen / ((t2 - t1) > 0 ? (t2 - t1) / 1e3 : 1e-9));
+            log_split(c);
         }
     }
     free(tokens);

@@ -24,21 +24,24 @@ static void usage(FILE *f) {
             "      --worker-wait MS    how long a generation waits for lost cpu-workers (default 30000)\n"
             "      --npu-wait MS       ... for a lost npu-worker before prefilling without it (default 5000)\n"
             "      --startup-wait MS   for cachemgr's segments and weights (default 300000)\n"
+            "      --split SPLIT       how a decode step is split between the cpu-workers: auto (default:\n"
+            "                          moved after each token so that they take the same time), even,\n"
+            "                          or one weight per worker, W0,W1,... (fixed)\n"
             "  -h, --help              this help\n"
             "Binds ROUTER endpoints \"coordinator\" (workers) and \"client\" (pi2 run) in the run directory.\n"
             "Environment: PI2_LOG=debug|info|warn|error, PI2_RUN\n");
 }
 
 static int parse_args(int argc, char **argv, coord_options *o) {
-    enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT, OPT_PREFILL_STALL };
+    enum { OPT_NO_NPU = 256, OPT_TASK_TIMEOUT, OPT_WORKER_WAIT, OPT_NPU_WAIT, OPT_STARTUP_WAIT, OPT_PREFILL_STALL, OPT_SPLIT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
         {"no-npu", no_argument, 0, OPT_NO_NPU}, {"task-timeout", required_argument, 0, OPT_TASK_TIMEOUT},
         {"worker-wait", required_argument, 0, OPT_WORKER_WAIT}, {"npu-wait", required_argument, 0, OPT_NPU_WAIT},
         {"startup-wait", required_argument, 0, OPT_STARTUP_WAIT}, {"prefill-stall", required_argument, 0, OPT_PREFILL_STALL},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"split", required_argument, 0, OPT_SPLIT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (coord_options){.runid = cli_default_runid(), .task_timeout_ms = 5000, .prefill_stall_ms = 60000,
-                         .worker_wait_ms = 30000, .npu_wait_ms = 5000, .startup_wait_ms = 300000};
+                         .worker_wait_ms = 30000, .npu_wait_ms = 5000, .startup_wait_ms = 300000, .split = "auto"};
     int ch;
     while ((ch = getopt_long(argc, argv, "m:r:h", longopts, NULL)) != -1) {
         switch (ch) {
@@ -50,6 +53,7 @@ static int parse_args(int argc, char **argv, coord_options *o) {
         case OPT_WORKER_WAIT: if (cli_parse_int(optarg, "--worker-wait", 1, 3600000, &o->worker_wait_ms)) return -1; break;
         case OPT_NPU_WAIT: if (cli_parse_int(optarg, "--npu-wait", 1, 3600000, &o->npu_wait_ms)) return -1; break;
         case OPT_STARTUP_WAIT: if (cli_parse_int(optarg, "--startup-wait", 1, 3600000, &o->startup_wait_ms)) return -1; break;
+        case OPT_SPLIT: o->split = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

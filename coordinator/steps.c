@@ -100,6 +100,8 @@ static int send_decode_task(coord *c, int i, const work_share *ws, int l, int po
     t.kv_end = (uint32_t)pos + 1;
     t.head_begin = output ? 0 : (uint32_t)(ws->kvh_begin * group);
     t.head_end = output ? 0 : (uint32_t)(ws->kvh_end * group);
+    t.share_begin = ws->cut_begin;
+    t.share_end = ws->cut_end;
     t.epoch = c->epoch;
     /* one answer per step: each answer wakes this process and the bus threads on the workers' cores */
     t.quiet = l + 1 < c->step.n_tasks;
@@ -165,6 +167,22 @@ typedef struct {
     ffn_mode mode;
 } decode_arg;
 
+/* Each cpu-worker's busy time so far (its ctl row; 0 for a row not found). */
+static void workers_busy_ns(const coord *c, uint64_t *busy) {
+    for (int i = 0; i < c->params.n_cpu_workers; i++) {
+        const proc_row *row = ctl_proc_find(c->sv.ctl, c->cpu[i].name);
+        busy[i] = row ? atomic_load(&row->busy_ns) : 0;
+    }
+}
+
+/* The split moved by how long each worker computed for the token just decoded (before: the times when it began). */
+static void balance_token(coord *c, const uint64_t *before) {
+    uint64_t busy[STACK_MAX_CPU_WORKERS];
+    workers_busy_ns(c, busy);
+    for (int i = 0; i < c->params.n_cpu_workers; i++) busy[i] = busy[i] > before[i] ? busy[i] - before[i] : 0;
+    work_balance_update(&c->balance, busy);
+}
+
 /* Layer by layer, every worker's task before the next layer's: the workers
  * meet at a barrier within each layer, so the last to get its layer 0 sets
  * the pace. Worker by worker, the second got its first task after the
@@ -175,7 +193,8 @@ static int send_decode(coord *c, const void *arg) {
     const decode_arg *a = arg;
     const int n = c->params.n_cpu_workers;
     work_share ws[STACK_MAX_CPU_WORKERS];
-    for (int i = 0; i < n; i++) work_share_compute(&ws[i], &c->sv.m, i, n);
+    for (int i = 0; i < n; i++) work_share_from_cut(&ws[i], &c->sv.m, c->balance.cut[i], c->balance.cut[i + 1]);
+    coord_chunk_ranges_update(c);
     for (int l = 0; l < c->step.n_tasks; l++)
         for (int i = 0; i < n; i++)
             if (send_decode_task(c, i, &ws[i], l, a->pos, a->mode)) return -1;
@@ -188,7 +207,11 @@ int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mod
     dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)token * m->tok_embd.row_bytes, x0,
                    m->n_embd);
     decode_arg a = {pos, mode};
-    return run_step(c, false, m->n_layer + (want_logits ? 1 : 0), send_decode, &a);
+    uint64_t busy[STACK_MAX_CPU_WORKERS];
+    workers_busy_ns(c, busy);
+    int rc = run_step(c, false, m->n_layer + (want_logits ? 1 : 0), send_decode, &a);
+    if (!rc) balance_token(c, busy);
+    return rc;
 }
 
 typedef struct {

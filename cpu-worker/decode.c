@@ -59,6 +59,7 @@ struct decoder {
     offload_tally published;      /* its counts as last added to the ctl row */
     char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
+    uint64_t busy_ns, wait_ns;    /* decoder_run's time in all, and at its barriers */
 };
 
 /* ---- parallel jobs ---- */
@@ -185,7 +186,9 @@ static void convert(decoder *d, const float *x, int n, const weight *w0, const w
  * timed as the phase after it (phase_clock.h lists each step's wait next). */
 static int barrier(decoder *d, uint32_t epoch, decode_phase step) {
     phase_clock_lap(&d->clock, step);
+    uint64_t t0 = clock_ns();
     int rc = ctl_barrier_wait(d->ctl, epoch, d->n_workers, DECODE_BARRIER_TIMEOUT_MS);
+    d->wait_ns += clock_ns() - t0;
     phase_clock_lap(&d->clock, step + 1);
     return rc;
 }
@@ -202,7 +205,16 @@ static void store_own_kv(decoder *d, const kv_layer *kv, int pos) {
 
 /* The entries of the predictor's hidden vector this worker computes. */
 static void own_hidden_rows(const decoder *d, int l, long *r0, long *r1) {
-    pool_split(predictor_rank(d->pred, l), d->index, d->n_workers, r0, r1);
+    long rank = predictor_rank(d->pred, l);
+    *r0 = work_share_at(rank, d->share.cut_begin), *r1 = work_share_at(rank, d->share.cut_end);
+}
+
+/* This worker's cut of the split: the even one at first, then each task's (work_balance.h moves it). */
+static void set_share(decoder *d, uint32_t begin, uint32_t end) {
+    work_share_from_cut(&d->share, d->m, begin, end);
+    long group = d->m->n_head / d->m->n_head_kv;
+    d->qh_begin = d->share.kvh_begin * group;
+    d->qh_end = d->share.kvh_end * group;
 }
 
 /* Under a budget, before attention: the predictor on the layer's input
@@ -341,9 +353,8 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk) {
     return d->down_t && d->down_t[chunk].data; /* built here (for every layer alike) */
 }
 
-int decoder_run(decoder *d, const decode_step *s) {
+static int run_step(decoder *d, const decode_step *s) {
     const int layer = s->layer;
-    phase_clock_start(&d->clock);
     if (layer == d->m->n_layer) {
         step_output(d);
         phase_clock_lap(&d->clock, PHASE_OUTPUT);
@@ -367,6 +378,19 @@ int decoder_run(decoder *d, const decode_step *s) {
     else step_ffn_down(d, layer);
     return barrier(d, s->epoch, PHASE_FFN_OUT); /* the next layer reads every row of x_layers[layer + 1] */
 }
+
+int decoder_run(decoder *d, const decode_step *s) {
+    phase_clock_start(&d->clock);
+    if (s->share_begin != d->share.cut_begin || s->share_end != d->share.cut_end)
+        set_share(d, s->share_begin, s->share_end);
+    uint64_t t0 = clock_ns(), waited = d->wait_ns;
+    int rc = run_step(d, s);
+    uint64_t took = clock_ns() - t0, wait = d->wait_ns - waited;
+    d->busy_ns += took > wait ? took - wait : 0;
+    return rc;
+}
+
+uint64_t decoder_busy_ns(const decoder *d) { return d->busy_ns; }
 
 void decoder_set_chunk_delay(decoder *d, long us) {
     d->chunk_delay_us = us;
@@ -484,10 +508,9 @@ decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, 
     d->kv_dim = m->n_head_kv * m->head_dim;
     d->index = index;
     phase_clock_init(&d->clock);
-    work_share_compute(&d->share, m, index, d->n_workers);
-    int group = m->n_head / m->n_head_kv;
-    d->qh_begin = d->share.kvh_begin * group;
-    d->qh_end = d->share.kvh_end * group;
+    uint32_t cut0, cut1;
+    work_share_even_cut(index, d->n_workers, &cut0, &cut1);
+    set_share(d, cut0, cut1);
 
     const act_layout *L = &sv->layout;
     d->x_layers = stack_act_f32(sv, L->x_layers);

@@ -35,6 +35,7 @@ typedef struct {
     ffn_mode mode;
     const int32_t *chunks;
     int n_chunks;
+    uint32_t share_begin, share_end; /* this worker's cut of the split (stack.h, work_share) */
 } decode_step;
 
 /* Whether a task's FFN is chunked. */
@@ -50,6 +51,9 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk);
 #define DECODE_ERROR (-2)
 int decoder_run(decoder *d, const decode_step *s);
 const char *decoder_error(const decoder *d);
+/* How long decoder_run calls have computed in all, their barrier waits left
+ * out: what the coordinator balances the split by (work_balance.h). */
+uint64_t decoder_busy_ns(const decoder *d);
 
 /* Sleep us after each batch of this worker's own FFN chunks: a slow core,
  * for experiments and tests of the chunk stealing (PI2_CHUNK_DELAY). */

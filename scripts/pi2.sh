@@ -86,7 +86,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_BUNDLE_CHECKSUMS="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_SPLIT="" CFG_BUNDLE_CHECKSUMS="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
 MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
@@ -146,13 +146,19 @@ parse_config() {
             [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
             CFG_PREFILL_STALL=${kind#prefill-stall=}; check_count "$CFG_PREFILL_STALL" prefill-stall "$where" 1 3600000
             continue ;;
+        split=*)
+            [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
+            CFG_SPLIT=${kind#split=}
+            [[ $CFG_SPLIT =~ ^(auto|even|[0-9.]+(,[0-9.]+)*)$ ]] ||
+                die "$where: split='$CFG_SPLIT' is not auto, even or weights W0,W1,..."
+            continue ;;
         bundle-checksums=*)
             [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
             CFG_BUNDLE_CHECKSUMS=${kind#bundle-checksums=}
             case $CFG_BUNDLE_CHECKSUMS in on | off) ;; *) die "$where: bundle-checksums='$CFG_BUNDLE_CHECKSUMS' is not on or off" ;; esac
             continue ;;
         cachemgr | io-worker | coordinator | npu-worker | cpu-worker) ;;
-        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N, prefill-stall=MS or bundle-checksums=on|off)" ;;
+        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N, prefill-stall=MS, split=auto|even|W0,W1,... or bundle-checksums=on|off)" ;;
         esac
         if [ "$kind" != cpu-worker ] && [ -n "${seen[$kind]:-}" ]; then
             die "$where: a second $kind (the first is on line ${seen[$kind]})"
@@ -180,6 +186,12 @@ parse_config() {
     done
     ((n_cpu >= 1)) || die "$file: no cpu-worker line (a stack needs at least one)"
     ((n_cpu <= MAX_CPU_WORKERS)) || die "$file: $n_cpu cpu-workers, at most $MAX_CPU_WORKERS"
+    if [[ $CFG_SPLIT == *[0-9]* ]]; then
+        local weights
+        IFS=, read -ra weights <<<"$CFG_SPLIT"
+        [ ${#weights[@]} -eq "$n_cpu" ] ||
+            die "$file: split=$CFG_SPLIT gives ${#weights[@]} weights for $n_cpu cpu-workers"
+    fi
     # startup order: cachemgr, io-worker, coordinator, npu-worker, cpu-workers
     local order=() k
     for k in cachemgr io-worker coordinator npu-worker cpu-worker; do
@@ -219,8 +231,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_BUNDLE_CHECKSUMS=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
-            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_BUNDLE_CHECKSUMS" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_SPLIT=%q\nCFG_BUNDLE_CHECKSUMS=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
+            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_SPLIT" "$CFG_BUNDLE_CHECKSUMS" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
         printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
@@ -304,6 +316,7 @@ proc_command() { # fills CMD for process i
         CMD=("$BIN_DIR/coordinator" "${base[@]}")
         has_npu_worker || CMD+=(--no-npu)
         if [ -n "$CFG_PREFILL_STALL" ]; then CMD+=(--prefill-stall "$CFG_PREFILL_STALL"); fi
+        if [ -n "$CFG_SPLIT" ]; then CMD+=(--split "$CFG_SPLIT"); fi
         ;;
     npu-worker) CMD=("$BIN_DIR/npu-worker" "${base[@]}" -t "${P_THREADS[$i]}") ;;
     cpu-worker) CMD=("$BIN_DIR/cpu-worker" "${base[@]}" -i "${P_NAME[$i]#cpu-worker.}" -t "${P_THREADS[$i]}") ;;

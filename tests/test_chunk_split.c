@@ -23,20 +23,25 @@ static int nearest_boundary(const double *cost, int n, double target) {
     return best;
 }
 
-/* Ranges cover [0, n) in order, each ending at the boundary nearest its share. */
-static void check_split(const char *what, const double *cost, int n, int nw) {
+/* Ranges cover [0, n) in order, each ending at the boundary nearest its
+ * share: an even one, or with at[] (chunk_split_at) worker w's from at[w]. */
+static void check_split_at(const char *what, const double *cost, int n, int nw, const double *at) {
     double total = 0;
     for (int c = 0; c < n; c++) total += cost[c];
     int expect_first = 0, ok = 1, bounds[6];
-    chunk_split(cost, n, nw, bounds);
+    if (at) chunk_split_at(cost, n, nw, at, bounds);
+    else chunk_split(cost, n, nw, bounds);
     for (int w = 0; w < nw; w++) {
         const int first = bounds[w], count = bounds[w + 1] - bounds[w];
-        const int end = w == nw - 1 ? n : nearest_boundary(cost, n, total * (w + 1) / nw);
+        const double share_end = at ? at[w + 1] : (double)(w + 1) / nw;
+        const int end = w == nw - 1 ? n : nearest_boundary(cost, n, total * share_end);
         ok &= first == expect_first && count >= 0 && first + count == end;
         expect_first = first + count;
     }
     CHECK(ok && expect_first == n, "%s, %d chunks over %d workers: not the nearest contiguous ranges", what, n, nw);
 }
+
+static void check_split(const char *what, const double *cost, int n, int nw) { check_split_at(what, cost, n, nw, NULL); }
 
 static void test_split(void) {
     double cost[64];
@@ -49,6 +54,10 @@ static void test_split(void) {
             check_split("hot first", cost, n, nw);
             for (int c = 0; c < n; c++) cost[c] = 0.5 + rand() % 100;
             check_split("random costs", cost, n, nw);
+            double at[6] = {0}; /* uneven shares, as a balanced decode split moves them */
+            for (int w = 1; w < nw; w++) at[w] = at[w - 1] + (1 - at[w - 1]) * (0.1 + 0.8 * (rand() % 100) / 100.0) / 2;
+            at[nw] = 1;
+            check_split_at("random costs, uneven shares", cost, n, nw, at);
         }
     /* two workers, four hot chunks of 10 and 18 of 1: half the total (29) is
      * nearest the boundary after three hot chunks */

@@ -171,7 +171,7 @@ static void fixture_set(fixture *f, Pi2__Envelope__BodyCase body) {
         fixture_clusters(f, 1);
         f->dt.layer = 3, f->dt.position = 100, f->dt.in_offset = 0, f->dt.in_length = 16384;
         f->dt.out_offset = 16384, f->dt.out_length = 16384, f->dt.kv_begin = 0, f->dt.kv_end = 101;
-        f->dt.head_begin = 0, f->dt.head_end = 16, f->dt.n_clusters = 3, f->dt.clusters = f->clp;
+        f->dt.head_begin = 0, f->dt.head_end = 16, f->dt.share_end = 32768, f->dt.n_clusters = 3, f->dt.clusters = f->clp;
         f->dt.epoch = 3, f->dt.ffn_mode = PI2__FFN_MODE__FFN_MODE_GATE_FIRST;
         f->env.decode_task = &f->dt;
         break;
@@ -494,6 +494,9 @@ static const char *break_rule(int i, fixture *f) {
     case 114: SET(GENERATE_QUEUED); f->gq.ahead = MSG_MAX_AHEAD + 1; return "GenerateQueued.ahead = 4097";
     case 115: SET(GENERATE_QUEUED); f->gq.waited_ms = -1; return "GenerateQueued.waited_ms = -1";
     case 116: SET(GENERATE_DONE); f->os.read_ahead = 1041; return "GenerateDone.offload.read_ahead = 1041 > misses 1040";
+    case 117: SET(DECODE_TASK); f->dt.share_end = 65537; return "DecodeTask.share = [0, 65537) is not within [0, the whole 65536)";
+    case 118: SET(DECODE_TASK); f->dt.share_begin = 40000, f->dt.share_end = 30000; return "DecodeTask.share = [40000, 30000)";
+    case 119: SET(DECODE_TASK); f->dt.share_begin = f->dt.share_end = 30000; return "DecodeTask.share = [30000, 30000) is empty";
     default: return NULL;
     }
 }

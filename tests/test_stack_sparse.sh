@@ -231,8 +231,33 @@ for mode in predictor gate-first dense; do
 done
 "$PI2" logs cpu-worker.0 -r "$R" 2>/dev/null | grep -q "took layer [0-9]*'s chunk [0-9]* from cpu-worker.1"
 check "pwri slow worker: cpu-worker.0 took chunks from cpu-worker.1's queue" $?
+# the balanced split (the default) measured cpu-worker.1 slow and gave it less of every step
+split=$("$PI2" logs coordinator -r "$R" 2>/dev/null | grep 'decode split (balanced)' | tail -n 1)
+share1=$(sed -n 's/.*cpu-worker\.1 \([0-9.]*\) %.*/\1/p' <<<"$split")
+awk -v s="$share1" 'BEGIN { exit !(s != "" && s + 0 < 40) }'
+check "pwri slow worker: the balanced split gave cpu-worker.1 under 40 % (${split#*INFO})" $?
 "$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
 check "pwri slow-worker stack: pi2 down leaves nothing" $?
+
+# ---- a fixed uneven split (stack config split=1,3): who computes what changes no bit ----
+{ cat "$TMP/two.conf"; echo split=1,3; } >"$TMP/skew.conf"
+skew_case() { # skew_case NAME MODEL MODES...
+    local name=$1 model=$2 mode
+    shift 2
+    new_run R
+    up "$R" "$TMP/skew.conf" "$model"
+    check "$name split 1,3: pi2 up" $?
+    for mode in "$@"; do
+        gen "$TMP/got" "$R" "$PROMPT" $N --temp 0 --ffn $mode
+        same "$name split 1,3: pi2 run --ffn $mode == pi2-ref --ffn $mode" "$TMP/want.$name.$mode" "$TMP/got" "$R"
+    done
+    "$PI2" logs coordinator -r "$R" 2>/dev/null | grep -q 'decode split (fixed): cpu-worker.0 25.0 %, cpu-worker.1 75.0 %'
+    check "$name split 1,3: the coordinator split the steps 25 / 75" $?
+    "$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
+    check "$name split 1,3: pi2 down leaves nothing" $?
+}
+skew_case pwri "$M_PWRI" predictor gate-first dense
+skew_case gguf "$M_GGUF" gate-first dense
 
 # ---- kill -9 of a cpu-worker mid-generation in sparse mode ----
 # Every task of the workers sleeps PI2_TASK_DELAY_US, so a generation lasts

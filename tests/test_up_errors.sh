@@ -91,6 +91,14 @@ printf 'cachemgr\nio-worker\ncoordinator\ncpu-worker threads=0\n' >"$TMP/bad.con
 refused "bad stack config" "^pi2: $TMP/bad.conf:4: threads='0' is not an integer in \[1, 256\]$" \
     "$PI2" up -m "$MODEL" -c "$TMP/bad.conf" -r "$R"
 gone "bad stack config" "$R"
+printf 'cachemgr\nio-worker\ncoordinator\ncpu-worker\ncpu-worker\nsplit=1,2,3\n' >"$TMP/bad-split.conf"
+refused "a split of 3 weights for 2 cpu-workers" "^pi2: $TMP/bad-split.conf: split=1,2,3 gives 3 weights for 2 cpu-workers$" \
+    "$PI2" up -m "$MODEL" -c "$TMP/bad-split.conf" -r "$R"
+gone "a split of 3 weights for 2 cpu-workers" "$R"
+printf 'cachemgr\nio-worker\ncoordinator\ncpu-worker\nsplit=fast\n' >"$TMP/bad-split.conf"
+refused "split=fast" "^pi2: $TMP/bad-split.conf:5: split='fast' is not auto, even or weights W0,W1,...$" \
+    "$PI2" up -m "$MODEL" -c "$TMP/bad-split.conf" -r "$R"
+gone "split=fast" "$R"
 
 # ---- segments larger than the memory cgroup allows: refused before loading ----
 CG_ROOT=/sys/fs/cgroup/memory

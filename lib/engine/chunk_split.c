@@ -40,18 +40,25 @@ void chunk_costs(const model *m, double *cost) {
     }
 }
 
-void chunk_split(const double *cost, int n, int n_workers, int *bounds) {
+/* at NULL: the even split */
+static void split(const double *cost, int n, int n_workers, const double *at, int *bounds) {
     double total = 0;
     for (int c = 0; c < n; c++) total += cost[c];
     double prefix = 0; /* of chunks [0, b) */
     int b = 0;
     bounds[0] = 0;
-    for (int k = 1; k < n_workers; k++) { /* past each chunk whose middle is short of k / n_workers of the total */
-        const double target = total * k / n_workers;
+    for (int k = 1; k < n_workers; k++) { /* past each chunk whose middle is short of at[k] of the total */
+        const double target = at ? total * at[k] : total * k / n_workers;
         while (b < n && prefix + cost[b] / 2 < target) prefix += cost[b++];
         bounds[k] = b;
     }
     bounds[n_workers] = n;
+}
+
+void chunk_split(const double *cost, int n, int n_workers, int *bounds) { split(cost, n, n_workers, NULL, bounds); }
+
+void chunk_split_at(const double *cost, int n, int n_workers, const double *at, int *bounds) {
+    split(cost, n, n_workers, at, bounds);
 }
 
 int chunk_split_model(const model *m, int n_workers, int *bounds) {

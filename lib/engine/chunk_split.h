@@ -22,6 +22,9 @@ void chunk_costs(const model *m, double *cost);
  * the n chunks of cost[]. Contiguous, in order, covering [0, n) once; each
  * range ends at the chunk boundary nearest its share of the total. */
 void chunk_split(const double *cost, int n, int n_workers, int *bounds);
+/* The same with uneven shares: worker k's range starts at the chunk boundary
+ * nearest at[k] of the total (at[1..n_workers-1] ascending in [0, 1]). */
+void chunk_split_at(const double *cost, int n, int n_workers, const double *at, int *bounds);
 
 /* chunk_split of m's chunks by chunk_costs into bounds[0..n_workers]; 0, or
  * -1 out of memory. Every process computes the same deal from the same file. */

@@ -1,5 +1,6 @@
 /* Envelope packing, unpacking and validation; see msg.h. */
 #include "stack/msg.h"
+#include "stack/stack.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -421,8 +422,12 @@ static int v_decode_task(const vctx *v, const Pi2__Envelope *env) {
         check_act_span(v, p, "out_offset/out_length", m->out_offset, m->out_length) ||
         check_range(v, p, "kv", m->kv_begin, m->kv_end, "position + 1",
                     (uint64_t)m->position + 1) ||
-        check_range(v, p, "heads", m->head_begin, m->head_end, "n_head", lim->n_head))
+        check_range(v, p, "heads", m->head_begin, m->head_end, "n_head", lim->n_head) ||
+        check_range(v, p, "share", m->share_begin, m->share_end, "the whole", WORK_SHARE_ONE))
         return -1;
+    if (m->share_begin == m->share_end && m->share_end)
+        return fail(v, "%s.share = [%" PRIu32 ", %" PRIu32 ") is empty (0, 0: the even split)", p, m->share_begin,
+                    m->share_end);
     if (m->layer == lim->n_layer) {
         if (m->head_begin != m->head_end || m->n_clusters || m->ffn_mode)
             return fail(v, "%s.layer = n_layer (the output task) has heads, clusters or an ffn_mode", p);

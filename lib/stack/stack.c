@@ -9,7 +9,6 @@
 #include "stack/chunk_queue.h"
 #include "util/clock.h"
 #include "util/cpu_relax.h"
-#include "util/threadpool.h"
 
 static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
 
@@ -58,11 +57,23 @@ int model_rebase(model *m, const void *image, uint64_t image_bytes) {
     return bad ? -1 : 0;
 }
 
+void work_share_even_cut(int worker, int n_workers, uint32_t *begin, uint32_t *end) {
+    *begin = (uint32_t)((uint64_t)WORK_SHARE_ONE * (uint64_t)worker / (uint64_t)n_workers);
+    *end = (uint32_t)((uint64_t)WORK_SHARE_ONE * (uint64_t)(worker + 1) / (uint64_t)n_workers);
+}
+
+void work_share_from_cut(work_share *s, const model *m, uint32_t begin, uint32_t end) {
+    s->cut_begin = begin, s->cut_end = end;
+    s->kvh_begin = work_share_at(m->n_head_kv, begin), s->kvh_end = work_share_at(m->n_head_kv, end);
+    s->row_begin = work_share_at(m->n_embd, begin), s->row_end = work_share_at(m->n_embd, end);
+    s->ff_begin = work_share_at(m->n_ff, begin), s->ff_end = work_share_at(m->n_ff, end);
+    s->vocab_begin = work_share_at(m->n_vocab, begin), s->vocab_end = work_share_at(m->n_vocab, end);
+}
+
 void work_share_compute(work_share *s, const model *m, int worker, int n_workers) {
-    pool_split(m->n_head_kv, worker, n_workers, &s->kvh_begin, &s->kvh_end);
-    pool_split(m->n_embd, worker, n_workers, &s->row_begin, &s->row_end);
-    pool_split(m->n_ff, worker, n_workers, &s->ff_begin, &s->ff_end);
-    pool_split(m->n_vocab, worker, n_workers, &s->vocab_begin, &s->vocab_end);
+    uint32_t begin, end;
+    work_share_even_cut(worker, n_workers, &begin, &end);
+    work_share_from_cut(s, m, begin, end);
 }
 
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,

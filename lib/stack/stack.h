@@ -16,7 +16,7 @@
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3035ull /* "PI2CTL05" */
+#define STACK_CTL_MAGIC 0x50493243544c3036ull /* "PI2CTL06" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
@@ -62,13 +62,30 @@ uint64_t weights_region_bytes(const model *m);
 int model_rebase(model *m, const void *image, uint64_t image_bytes);
 
 /* ---- the decode work split (deterministic; every process computes the same) ---- */
+/* A worker's part of a decode step is one cut [begin, end) of every dimension
+ * alike, in units of 1/WORK_SHARE_ONE of each: dimension N gives it items
+ * [N * begin / ONE, N * end / ONE), rounded. Neighbours' cuts meet, so the workers'
+ * parts cover each dimension once whatever the cuts (work_balance.h moves
+ * them), and each item is computed as alone: no split changes a bit. */
+#define WORK_SHARE_ONE 65536u
 typedef struct {
+    uint32_t cut_begin, cut_end;/* the cut all the ranges below come from */
     long kvh_begin, kvh_end;    /* KV heads this worker owns; its query heads follow (GQA groups) */
     long row_begin, row_end;    /* rows of attn_output and ffn_down (n_embd rows) */
     long ff_begin, ff_end;      /* FFN neurons (gate/up rows) */
     long vocab_begin, vocab_end;/* output rows */
 } work_share; /* the sparse FFN's chunks: chunk_split.h */
 
+/* The item of a dimension of n where a cut falls: n * cut / WORK_SHARE_ONE
+ * rounded to the nearest, so that a cut moving a little around a boundary of
+ * coarse items (32 heads: 1/32 of the step each) does not flip one across. */
+static inline long work_share_at(long n, uint32_t cut) {
+    return (long)(((uint64_t)n * cut + WORK_SHARE_ONE / 2) / WORK_SHARE_ONE);
+}
+/* Worker `worker`'s cut of the even split: [ONE * worker / n_workers, ...). */
+void work_share_even_cut(int worker, int n_workers, uint32_t *begin, uint32_t *end);
+void work_share_from_cut(work_share *s, const model *m, uint32_t begin, uint32_t end);
+/* the even split's share (work_share_even_cut) */
 void work_share_compute(work_share *s, const model *m, int worker, int n_workers);
 
 /* ---- the control segment ---- */
@@ -82,6 +99,7 @@ typedef struct {
     _Atomic uint64_t tokens_served;
     _Atomic uint32_t starts;        /* how many times a process took this row (restarts = starts - 1) */
     offload_counters offload;       /* a cpu-worker's neuron cache under a budget; zero otherwise */
+    _Atomic uint64_t busy_ns;       /* a cpu-worker's decode tasks, their barrier waits left out (work_balance.h) */
 } proc_row;
 
 typedef struct {

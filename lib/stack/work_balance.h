@@ -1,0 +1,41 @@
+/* Where the decode work split's cuts (stack.h, work_share) fall. Even by
+ * default; with balancing on, moved after every token so that the workers
+ * take the same time, from how long each was busy (its step time without
+ * the barrier waits). A worker on a slower core, or one whose core also runs
+ * the io-worker and the coordinator, then gets less of every dimension
+ * (heads, rows, neurons, vocabulary) and the others stop waiting for it at
+ * every barrier. The cuts never change a result (work_share), only who
+ * computes it. */
+#ifndef PI2_WORK_BALANCE_H
+#define PI2_WORK_BALANCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "stack/stack.h"
+
+/* How far one token's measurement moves the split towards the one it
+ * implies: half-way damps a noisy token and still settles in a few tokens. */
+#define WORK_BALANCE_GAIN 0.5
+/* No worker's share falls under this part of an even share: a core slowed
+ * for a moment (a neighbour, a page fault) keeps enough work to be measured
+ * and to get its share back. */
+#define WORK_BALANCE_MIN_OF_EVEN 0.25
+
+typedef struct {
+    int n;                                  /* workers */
+    bool adaptive;                          /* moved by work_balance_update; else fixed */
+    double share[STACK_MAX_CPU_WORKERS];    /* each worker's part, summing to 1 */
+    uint32_t cut[STACK_MAX_CPU_WORKERS + 1];/* worker i: [cut[i], cut[i + 1]), cut[0] = 0, cut[n] = ONE */
+} work_balance;
+
+/* Parses a split as written in a stack config or on the coordinator's command
+ * line: "auto" (balanced, starting even), "even" (fixed), or n positive
+ * weights "W0,W1,..." (fixed, worker i gets Wi / sum). 0, or -1 with err. */
+int work_balance_parse(work_balance *b, const char *spec, int n_workers, char *err, size_t errlen);
+
+/* One decode token's busy time of each worker (nanoseconds); a worker with
+ * none (restarted, or the step re-sent) leaves the split as it is. */
+void work_balance_update(work_balance *b, const uint64_t *busy_ns);
+
+#endif
