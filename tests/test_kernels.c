@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/ops.h"
 #include "gguf/f16.h"
 #include "kernels/kernels.h"
 #include "rng.h"
@@ -486,6 +487,33 @@ static void test_silu_mul_split(const kernels *k) {
     CHECK(bad == 0, "%s silu_mul: %d elements differ between a range and its sub-ranges", k->name, bad);
 }
 
+/* kv_store (engine/ops.h) through this set's conversion: position pos's K row and V column hold each
+ * value's f32_to_f16, and no other cell of the cache changes. */
+static void test_kv_store(const kernels *k) {
+    const int dims[] = {1, 7, 255, 256, 257, 600}, n_ctx = 37, positions[] = {0, 5, 36};
+    for (int di = 0; di < COUNT(dims); di++)
+        for (int pi = 0; pi < COUNT(positions); pi++) {
+            const int kv_dim = dims[di], pos = positions[pi];
+            const size_t cells = (size_t)kv_dim * n_ctx;
+            uint16_t *kc = malloc(cells * 2), *vc = malloc(cells * 2);
+            float *kvec = malloc((size_t)kv_dim * 4), *vvec = malloc((size_t)kv_dim * 4);
+            for (size_t c = 0; c < cells; c++) kc[c] = (uint16_t)(0x1234 + c), vc[c] = (uint16_t)(0x4321 + c);
+            rng_fill(kvec, kv_dim);
+            rng_fill(vvec, kv_dim);
+            kv_layer kv = {kc, vc, n_ctx, kv_dim};
+            kv_store(k, &kv, pos, kvec, vvec);
+            int bad = 0;
+            for (int d = 0; d < kv_dim; d++)
+                for (int t = 0; t < n_ctx; t++) {
+                    size_t kcell = (size_t)t * kv_dim + d, vcell = (size_t)d * n_ctx + t;
+                    bad += kc[kcell] != (t == pos ? f32_to_f16(kvec[d]) : (uint16_t)(0x1234 + kcell));
+                    bad += vc[vcell] != (t == pos ? f32_to_f16(vvec[d]) : (uint16_t)(0x4321 + vcell));
+                }
+            CHECK(bad == 0, "%s kv_store, kv_dim %d, position %d: %d cells wrong", k->name, kv_dim, pos, bad);
+            free(kc), free(vc), free(kvec), free(vvec);
+        }
+}
+
 int main(void) {
     rng_seed(0x853c49e6748fea9bull);
     /* the override is read once, at the first kernels_best() call */
@@ -522,6 +550,7 @@ int main(void) {
         test_dot_f16_rows(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);
+        test_kv_store(sets[i]);
     }
     return test_summary();
 }

@@ -87,9 +87,30 @@ void kv_store_values(const kv_layer *kv, int pos, int n, const float *v, size_t 
     }
 }
 
+/* One position's values, as kv_store_values(kv, pos, 1, ...) stores them:
+ * converted a block at a time by the kernels, then written down the column.
+ * Each row's entry is a cache line of its own, and a plain loop's stores
+ * waited for their lines a few at a time; each line is asked for AHEAD rows
+ * early. */
+static void kv_store_column(const kernels *k, const kv_layer *kv, int pos, const float *vvec) {
+    enum { BLOCK = 256, AHEAD = 16 };
+    uint16_t half[BLOCK];
+    uint16_t *col = kv->v + pos;
+    const size_t stride = (size_t)kv->n_ctx;
+    for (int d0 = 0; d0 < kv->kv_dim; d0 += BLOCK) {
+        const int n = kv->kv_dim - d0 < BLOCK ? kv->kv_dim - d0 : BLOCK;
+        k->f32_to_f16_row(vvec + d0, half, n);
+        for (int i = 0; i < n; i++) {
+            const size_t d = (size_t)(d0 + i);
+            if (d + AHEAD < (size_t)kv->kv_dim) __builtin_prefetch(col + (d + AHEAD) * stride, 1);
+            col[d * stride] = half[i];
+        }
+    }
+}
+
 void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {
     kv_store_keys(k, kv, pos, kvec);
-    kv_store_values(kv, pos, 1, vvec, 0, 0, kv->kv_dim);
+    kv_store_column(k, kv, pos, vvec);
 }
 
 /* llama.cpp's KV length: the used cells padded to a multiple of 32 (its
