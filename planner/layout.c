@@ -113,6 +113,13 @@ static int queue_depth_for(const hw_profile *hw, uint64_t stride) {
     return hw_io_depth[HW_IO_DEPTHS - 1];
 }
 
+static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay);
+
+/* The cold shares tried, largest first: the first is kept unless a smaller one is predicted faster by
+ * SMALLER_COLD_MARGIN. */
+static const double cold_shares[] = {0.10, 0.05, 0.02, 0.0};
+#define COLD_SHARES ((int)(sizeof cold_shares / sizeof *cold_shares))
+
 int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_order *order, uint64_t budget,
                 layout *lay) {
     const int n_layer = in->m->n_layer;
@@ -140,14 +147,35 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     if (budget >= fixed + all_ffn) {
         lay->all_resident = true;
         allocate_hot(order, n_layer, (long)n_layer * order->n_bundles, lay->hot_bundles);
-    } else {
-        if (budget < lay->floor) return -1;
-        const long slots = (long)((budget - fixed - f->staging) / lay->stride);
-        long cold = (long)(COLD_SHARE * (double)slots);
+        predict(in, f, lay);
+        return 0;
+    }
+    if (budget < lay->floor) return -1;
+    const long slots = (long)((budget - fixed - f->staging) / lay->stride);
+    /* The cold share predicted fastest; a larger one unless a smaller is faster by a margin, as the model
+     * counts no reuse between tokens and real text has some. */
+    long best_cold = -1;
+    double best_tps = 0;
+    for (int i = 0; i < COLD_SHARES; i++) {
+        long cold = (long)(cold_shares[i] * (double)slots);
         if (cold < min_cold) cold = min_cold;
+        if (cold > slots) cold = slots;
         lay->cold_slots = cold;
         allocate_hot(order, n_layer, slots - cold, lay->hot_bundles);
+        predict(in, f, lay);
+        if (best_cold < 0 || lay->pred.tok_s > best_tps * (1 + SMALLER_COLD_MARGIN))
+            best_cold = cold, best_tps = lay->pred.tok_s;
     }
+    lay->cold_slots = best_cold;
+    allocate_hot(order, n_layer, slots - best_cold, lay->hot_bundles);
+    predict(in, f, lay);
+    return 0;
+}
+
+/* lay->pred for lay's hot bundles and cold slots. */
+static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay) {
+    const int n_layer = in->m->n_layer;
+    const bundle_order *order = lay->order;
     const cost_inputs ci = {.n_layer = n_layer,
                             .n_ff = in->m->n_ff,
                             .mode = in->mode,
@@ -169,7 +197,6 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
                             /* a batch in and its answer out per cpu-worker: a bus round trip's CPU each */
                             .io_batch_us = in->io_shares_compute ? in->cpu_workers * in->hw->bus_rtt_us : 0};
     cost_predict(&ci, in->hw, &cl, &lay->pred);
-    return 0;
 }
 
 void layout_free(layout *lay) {

@@ -19,8 +19,10 @@
  * stack config sets max-prefill=N): prompt_pass_bytes. */
 #define PROCESS_BYTES_EACH (8ull << 20)
 #define PREFILL_TOKENS 512
-/* The share of the cache that is cold slots (LRU) rather than pinned hot bundles. */
-#define COLD_SHARE 0.10
+/* The share of the cache that is cold slots (LRU) rather than pinned hot bundles is the one of 10, 5, 2
+ * and 0 % (at least two layers' needed bundles) predicted fastest, a smaller one only when predicted this
+ * much faster than the larger: the cost model counts no reuse between tokens (docs/planner.md). */
+#define SMALLER_COLD_MARGIN 0.005
 
 typedef struct {
     const model *m;

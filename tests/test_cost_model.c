@@ -14,11 +14,14 @@
  *  - on two threads, the guess's first stage is not shared (every
  *    cpu-worker runs it whole), the rest is;
  *  - the io-worker on a core of its own (io_cpu_us 0) and a faster disk
- *    never predict slower. */
+ *    never predict slower;
+ *  - layout_make's cold share: the least when pinning more is predicted
+ *    faster, the 10 % when every share predicts alike. */
 #include <math.h>
 #include <string.h>
 
 #include "../planner/cost_model.h"
+#include "../planner/layout.h"
 #include "test.h"
 
 #define N_LAYER 2
@@ -82,6 +85,43 @@ static double predict_us(const cost_inputs *in, const hw_profile *hw, const long
 
 static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
 
+/* layout_make's cold share (planner/layout.h): 2 layers of 1000 one-neuron bundles, a token needing
+ * bundle b with probability 0.05 x 0.99^b (5 a layer), so the least cold cache is 2 x 5 + 1 = 11 slots;
+ * a budget of 400 slots: 10 % is 40. On a slow disk, pinning the next 29 bundles instead of caching the
+ * tail is predicted faster (every read counts) and wins; where reads cost nothing every share predicts
+ * alike and the 10 % stays. */
+static void test_cold_share(void) {
+    enum { LAYERS = 2, BUNDLES = 1000, SLOTS = 400 };
+    static double p[LAYERS * BUNDLES];
+    static int32_t order[LAYERS * BUNDLES];
+    double act[LAYERS] = {0, 0};
+    for (int l = 0; l < LAYERS; l++)
+        for (int b = 0; b < BUNDLES; b++) {
+            p[l * BUNDLES + b] = 0.05 * pow(0.99, b);
+            act[l] += p[l * BUNDLES + b];
+            order[l * BUNDLES + b] = b;
+        }
+    const bundle_order o = {.per_bundle = 1, .n_bundles = BUNDLES, .n_whole = BUNDLES, .order = order,
+                            .p_bundle = p, .active = act};
+    model m;
+    memset(&m, 0, sizeof m);
+    m.n_layer = LAYERS, m.n_ff = BUNDLES;
+    const layout_fixed f = {.dense_bytes = 100 * 1000.0, .gate_row = 1000, .up_row = 1000, .down_row = 1000,
+                            .neuron_bytes = 3000};
+    const uint64_t stride = layout_stride(&f, 1), budget = SLOTS * stride;
+    const hw_profile disks[2] = {machine(1e4), machine(1e12)};
+    const long want[2] = {11, 40};
+    for (int d = 0; d < 2; d++) {
+        const layout_inputs in = {.m = &m, .mode = FFN_PREDICTOR, .threads = 1, .cpu_workers = 1, .hw = &disks[d]};
+        layout lay;
+        CHECK(layout_make(&in, &f, &o, budget, &lay) == 0, "layout_make failed");
+        CHECK(lay.cold_slots == want[d] && lay.hot_bundles[0] + lay.hot_bundles[1] == SLOTS - want[d],
+              "%s disk: %ld cold slots and %ld hot bundles, want %ld and %ld", d ? "a free" : "a slow",
+              lay.cold_slots, lay.hot_bundles[0] + lay.hot_bundles[1], want[d], SLOTS - want[d]);
+        layout_free(&lay);
+    }
+}
+
 int main(void) {
     const hw_profile slow_disk = machine(1e4), free_disk = machine(1e12);
 
@@ -127,5 +167,6 @@ int main(void) {
     const long some_hot[N_LAYER] = {4, 4};
     CHECK(predict_us(&in, &slow_disk, some_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
           "more pinned bundles are never predicted slower");
+    test_cold_share();
     return test_summary();
 }
