@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pi2: the supervisor of the pi2 stack (docs/supervisor.md).
+# pi2: the supervisor of the pi2 stack (README.md, "The supervisor `pi2`").
 #   pi2 up -m MODEL [-c STACK.conf] [-r RUN] [--ctx N] [--no-npu] [--ffn MODE] [--predictor FILE] [--timeout S]
 #          [--small-pages] [--mem-budget SIZE | --plan DIR]
 #   pi2 down [-r RUN]
