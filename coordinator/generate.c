@@ -164,14 +164,8 @@ static offload_tally offload_since(const coord *c, const offload_tally *start) {
 
 /* Where the decode split stands (a user moving workers between cores sees how they compare). */
 static void log_split(const coord *c) {
-    const work_balance *b = &c->balance;
-    if (b->n < 2) return;
-    char line[STACK_MAX_CPU_WORKERS * 32];
-    int len = 0;
-    for (int i = 0; i < b->n; i++)
-        len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %.1f %%", i ? "," : "", c->cpu[i].name,
-                        100.0 * (b->cut[i + 1] - b->cut[i]) / WORK_SHARE_ONE);
-    log_info("decode split (%s):%s", b->adaptive ? "balanced" : "fixed", line);
+    char line[STACK_MAX_CPU_WORKERS * 32 + 32];
+    if (c->balance.n > 1 && !work_balance_describe(c->sv.ctl, line, sizeof line)) log_info("%s", line);
 }
 
 void generate_serve(coord *c) {

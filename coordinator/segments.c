@@ -45,6 +45,7 @@ static int split_make(coord *c) {
         log_error("--split: %s", err);
         return -1;
     }
+    work_balance_publish(&c->balance, c->sv.ctl);
     int bounds[STACK_MAX_CPU_WORKERS + 1];
     if (!(c->chunk_cost = malloc(sizeof(double) * (size_t)ffn_chunk_count(m)))) {
         log_error("out of memory");

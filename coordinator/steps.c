@@ -181,6 +181,7 @@ static void balance_token(coord *c, const uint64_t *before) {
     workers_busy_ns(c, busy);
     for (int i = 0; i < c->params.n_cpu_workers; i++) busy[i] = busy[i] > before[i] ? busy[i] - before[i] : 0;
     work_balance_update(&c->balance, busy);
+    work_balance_publish(&c->balance, c->sv.ctl);
 }
 
 /* Layer by layer, every worker's task before the next layer's: the workers

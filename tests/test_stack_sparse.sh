@@ -253,6 +253,8 @@ skew_case() { # skew_case NAME MODEL MODES...
     done
     "$PI2" logs coordinator -r "$R" 2>/dev/null | grep -q 'decode split (fixed): cpu-worker.0 25.0 %, cpu-worker.1 75.0 %'
     check "$name split 1,3: the coordinator split the steps 25 / 75" $?
+    "$PI2" status -r "$R" 2>/dev/null | grep -q '^decode split (fixed): cpu-worker.0 25.0 %, cpu-worker.1 75.0 %$'
+    check "$name split 1,3: pi2 status shows the split" $?
     "$PI2" down -r "$R" >/dev/null 2>&1 && no_leftovers "$R"
     check "$name split 1,3: pi2 down leaves nothing" $?
 }

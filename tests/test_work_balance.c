@@ -145,8 +145,31 @@ static void test_converges(void) {
     CHECK(b.cut[1] == 16384, "a fixed split moved to %u", b.cut[1]);
 }
 
+/* What `pi2 status` and the coordinator's log say: the published cuts, as shares. */
+static void test_describe(void) {
+    static stack_ctl ctl;
+    char err[256], line[256];
+    memset(&ctl, 0, sizeof ctl);
+    ctl.params.n_cpu_workers = 2;
+    CHECK(work_balance_describe(&ctl, line, sizeof line) == -1, "a split described before any was published");
+    work_balance b;
+    work_balance_parse(&b, "1,3", 2, err, sizeof err);
+    work_balance_publish(&b, &ctl);
+    CHECK(!work_balance_describe(&ctl, line, sizeof line) &&
+              !strcmp(line, "decode split (fixed): cpu-worker.0 25.0 %, cpu-worker.1 75.0 %"),
+          "described as '%s'", line);
+    work_balance_parse(&b, "auto", 2, err, sizeof err);
+    work_balance_publish(&b, &ctl);
+    CHECK(!work_balance_describe(&ctl, line, sizeof line) &&
+              !strcmp(line, "decode split (balanced): cpu-worker.0 50.0 %, cpu-worker.1 50.0 %"),
+          "described as '%s'", line);
+    atomic_store(&ctl.split_cut[1], WORK_SHARE_ONE + 1); /* a read between two updates, or garbage */
+    CHECK(work_balance_describe(&ctl, line, sizeof line) == -1, "cuts out of order described as '%s'", line);
+}
+
 int main(void) {
     test_parse();
+    test_describe();
     test_cuts_cover();
     test_converges();
     return test_summary();

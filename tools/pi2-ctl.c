@@ -23,6 +23,7 @@
 #include "stack/rundir.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
+#include "stack/work_balance.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -221,6 +222,8 @@ static int cmd_status(const char *runid) {
     int64_t now = clock_ms();
     for (int i = 0; i < STACK_MAX_PROCS; i++)
         if (ctl->procs[i].name[0]) print_process(&ctl->procs[i], now);
+    char split[STACK_MAX_CPU_WORKERS * 32 + 32];
+    if (!work_balance_describe(ctl, split, sizeof split)) printf("%s\n", split);
     if (ctl->plan_path[0]) {
         print_offload(ctl);
         print_slot_census(runid);

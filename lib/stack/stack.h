@@ -114,6 +114,9 @@ typedef struct {
     _Atomic uint64_t epoch;         /* decode epoch: bumped by the coordinator to abort in-flight work */
     _Atomic uint64_t barrier;       /* epoch (32) | arrived (16) | phase (16), see ctl_barrier_wait */
     proc_row procs[STACK_MAX_PROCS];
+    /* the decode split as the coordinator last set it, for `pi2 status` (work_balance_publish) */
+    _Atomic uint32_t split_mode;    /* 0: not set yet; 1: fixed; 2: balanced */
+    _Atomic uint32_t split_cut[STACK_MAX_CPU_WORKERS + 1];
 } stack_ctl;
 
 /* Initialise a fresh control block (cachemgr, at creation). */

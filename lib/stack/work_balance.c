@@ -90,3 +90,24 @@ void work_balance_update(work_balance *b, const uint64_t *busy_ns) {
     normalize(b);
     make_cuts(b);
 }
+
+void work_balance_publish(const work_balance *b, stack_ctl *ctl) {
+    for (int i = 0; i <= b->n; i++) atomic_store(&ctl->split_cut[i], b->cut[i]);
+    atomic_store(&ctl->split_mode, b->adaptive ? 2u : 1u);
+}
+
+int work_balance_describe(const stack_ctl *ctl, char *buf, size_t len) {
+    const uint32_t mode = atomic_load(&ctl->split_mode);
+    const int n = ctl->params.n_cpu_workers;
+    if (!mode || n < 1 || n > STACK_MAX_CPU_WORKERS || !len) return -1;
+    int at = snprintf(buf, len, "decode split (%s):", mode == 2 ? "balanced" : "fixed");
+    uint32_t begin = atomic_load(&ctl->split_cut[0]);
+    for (int i = 0; i < n && at >= 0 && (size_t)at < len; i++) {
+        const uint32_t end = atomic_load(&ctl->split_cut[i + 1]);
+        if (end < begin || end > WORK_SHARE_ONE) return -1;
+        at += snprintf(buf + at, len - (size_t)at, "%s cpu-worker.%d %.1f %%", i ? "," : "", i,
+                       100.0 * (end - begin) / WORK_SHARE_ONE);
+        begin = end;
+    }
+    return 0;
+}

@@ -38,4 +38,10 @@ int work_balance_parse(work_balance *b, const char *spec, int n_workers, char *e
  * none (restarted, or the step re-sent) leaves the split as it is. */
 void work_balance_update(work_balance *b, const uint64_t *busy_ns);
 
+/* Writes b's cuts into the control block, where work_balance_describe reads them. */
+void work_balance_publish(const work_balance *b, stack_ctl *ctl);
+/* "decode split (balanced): cpu-worker.0 47.0 %, cpu-worker.1 53.0 %" as last published; 0, or -1 when
+ * none was (or a read fell between two updates). */
+int work_balance_describe(const stack_ctl *ctl, char *buf, size_t len);
+
 #endif
