@@ -83,7 +83,6 @@ static void step_begin(coord *c, bool on_npu, int n_tasks) {
 static int send_decode_task(coord *c, int i, const work_share *ws, int l, int pos, ffn_mode mode) {
     const model *m = &c->sv.m;
     uint64_t emb = (uint64_t)m->n_embd * sizeof(float);
-    long group = m->n_head / m->n_head_kv;
     worker *w = &c->cpu[i];
     bool chunked = ffn_mode_chunked(m, mode);
     Pi2__NeuronCluster cluster = PI2__NEURON_CLUSTER__INIT, *clusters[1] = {&cluster};
@@ -98,8 +97,8 @@ static int send_decode_task(coord *c, int i, const work_share *ws, int l, int po
     t.out_length = output ? (uint64_t)m->n_vocab * sizeof(float) : emb;
     t.kv_begin = 0;
     t.kv_end = (uint32_t)pos + 1;
-    t.head_begin = output ? 0 : (uint32_t)(ws->kvh_begin * group);
-    t.head_end = output ? 0 : (uint32_t)(ws->kvh_end * group);
+    t.head_begin = output ? 0 : (uint32_t)ws->qh_begin;
+    t.head_end = output ? 0 : (uint32_t)ws->qh_end;
     t.share_begin = ws->cut_begin;
     t.share_end = ws->cut_end;
     t.epoch = c->epoch;

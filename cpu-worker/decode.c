@@ -26,7 +26,6 @@ struct decoder {
     threadpool *pool;
     work_share share;
     int n_workers, kv_dim;
-    long qh_begin, qh_end;        /* query heads of this worker's KV heads */
     /* the shared activations (act region) */
     float *x_layers, *x_mid, *att_out, *hb, *logits;
     /* private scratch */
@@ -59,7 +58,8 @@ struct decoder {
     offload_tally published;      /* its counts as last added to the ctl row */
     char error[1024];             /* why the last decoder_run returned DECODE_ERROR */
     phase_clock clock;
-    uint64_t busy_ns, wait_ns;    /* decoder_run's time in all, and at its barriers */
+    uint64_t busy_ns;             /* decoder_run's time without its barrier waits, not yet published */
+    uint64_t wait_ns;             /* at the barriers, in all */
 };
 
 /* ---- parallel jobs ---- */
@@ -108,9 +108,9 @@ static void attention_worker(void *ctx, int ith, int nth) {
     decoder *d = j->d;
     kv_layer kv = stack_kv_layer(d->sv, j->layer);
     long h0, h1;
-    pool_split(d->qh_end - d->qh_begin, ith, nth, &h0, &h1);
-    attention_heads(d->k, d->m, &kv, d->q16, j->pos, d->scores, d->probs16, d->att_out, d->qh_begin + h0,
-                    d->qh_begin + h1);
+    pool_split(d->share.qh_end - d->share.qh_begin, ith, nth, &h0, &h1);
+    attention_heads(d->k, d->m, &kv, d->q16, j->pos, d->scores, d->probs16, d->att_out, d->share.qh_begin + h0,
+                    d->share.qh_begin + h1);
 }
 
 static void ffn_worker(void *ctx, int ith, int nth) {
@@ -209,14 +209,6 @@ static void own_hidden_rows(const decoder *d, int l, long *r0, long *r1) {
     *r0 = work_share_at(rank, d->share.cut_begin), *r1 = work_share_at(rank, d->share.cut_end);
 }
 
-/* This worker's cut of the split: the even one at first, then each task's (work_balance.h moves it). */
-static void set_share(decoder *d, uint32_t begin, uint32_t end) {
-    work_share_from_cut(&d->share, d->m, begin, end);
-    long group = d->m->n_head / d->m->n_head_kv;
-    d->qh_begin = d->share.kvh_begin * group;
-    d->qh_end = d->share.kvh_end * group;
-}
-
 /* Under a budget, before attention: the predictor on the layer's input
  * (x before attention, which attention changes little) names the neurons
  * likely to fire, and their missing bundles are read while attention runs
@@ -242,7 +234,7 @@ static void step_attention(decoder *d, const decode_step *st) {
     const int l = st->layer, pos = st->pos;
     const model *m = d->m;
     const layer_weights *w = &m->layers[l];
-    long hd = m->head_dim, q0 = d->qh_begin * hd, q1 = d->qh_end * hd;
+    long hd = m->head_dim, q0 = d->share.qh_begin * hd, q1 = d->share.qh_end * hd;
     long c0 = d->share.kvh_begin * hd, c1 = d->share.kvh_end * hd;
     rmsnorm(d->xb, d->x_layers + (size_t)l * m->n_embd, w->attn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->wq, &w->wk, &w->wv);
@@ -252,7 +244,7 @@ static void step_attention(decoder *d, const decode_step *st) {
         rope_angles(d->rope_cs, (int)hd, pos, m->rope_base);
         d->rope_pos = pos;
     }
-    rope_apply(d->q + q0, (int)(d->qh_end - d->qh_begin), (int)hd, d->rope_cs);
+    rope_apply(d->q + q0, (int)(d->share.qh_end - d->share.qh_begin), (int)hd, d->rope_cs);
     rope_apply(d->kv_k + c0, (int)(d->share.kvh_end - d->share.kvh_begin), (int)hd, d->rope_cs);
     kv_layer kv = stack_kv_layer(d->sv, l);
     store_own_kv(d, &kv, pos);
@@ -381,16 +373,14 @@ static int run_step(decoder *d, const decode_step *s) {
 
 int decoder_run(decoder *d, const decode_step *s) {
     phase_clock_start(&d->clock);
-    if (s->share_begin != d->share.cut_begin || s->share_end != d->share.cut_end)
-        set_share(d, s->share_begin, s->share_end);
+    if (s->share_begin != d->share.cut_begin || s->share_end != d->share.cut_end) /* work_balance.h moved it */
+        work_share_from_cut(&d->share, d->m, s->share_begin, s->share_end);
     uint64_t t0 = clock_ns(), waited = d->wait_ns;
     int rc = run_step(d, s);
     uint64_t took = clock_ns() - t0, wait = d->wait_ns - waited;
     d->busy_ns += took > wait ? took - wait : 0;
     return rc;
 }
-
-uint64_t decoder_busy_ns(const decoder *d) { return d->busy_ns; }
 
 void decoder_set_chunk_delay(decoder *d, long us) {
     d->chunk_delay_us = us;
@@ -399,12 +389,14 @@ void decoder_set_chunk_delay(decoder *d, long us) {
 
 const char *decoder_error(const decoder *d) { return d->error; }
 
-void decoder_publish_stats(decoder *d, offload_counters *out) {
+void decoder_publish_stats(decoder *d, proc_row *row) {
+    atomic_fetch_add(&row->busy_ns, d->busy_ns);
+    d->busy_ns = 0;
     if (!d->offload) return;
     const offload_tally now = *ffn_offload_get_stats(d->offload);
     if (now.layers == d->published.layers) return; /* no FFN step since the last time */
     const offload_tally step = offload_tally_delta(&now, &d->published);
-    offload_counters_add(out, &step);
+    offload_counters_add(&row->offload, &step);
     d->published = now;
 }
 
@@ -508,9 +500,7 @@ decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, 
     d->kv_dim = m->n_head_kv * m->head_dim;
     d->index = index;
     phase_clock_init(&d->clock);
-    uint32_t cut0, cut1;
-    work_share_even_cut(index, d->n_workers, &cut0, &cut1);
-    set_share(d, cut0, cut1);
+    work_share_compute(&d->share, m, index, d->n_workers); /* until a task names another */
 
     const act_layout *L = &sv->layout;
     d->x_layers = stack_act_f32(sv, L->x_layers);

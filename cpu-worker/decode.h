@@ -51,18 +51,17 @@ bool decoder_can_run(const decoder *d, ffn_mode mode, int chunk);
 #define DECODE_ERROR (-2)
 int decoder_run(decoder *d, const decode_step *s);
 const char *decoder_error(const decoder *d);
-/* How long decoder_run calls have computed in all, their barrier waits left
- * out: what the coordinator balances the split by (work_balance.h). */
-uint64_t decoder_busy_ns(const decoder *d);
 
 /* Sleep us after each batch of this worker's own FFN chunks: a slow core,
  * for experiments and tests of the chunk stealing (PI2_CHUNK_DELAY). */
 void decoder_set_chunk_delay(decoder *d, long us);
 
-/* Under a budget, adds the neuron cache's counts since the last call to
- * out (this worker's ctl row, read by `pi2 status` and the coordinator);
- * nothing otherwise. Called after each task, before its answer. */
-void decoder_publish_stats(decoder *d, offload_counters *out);
+/* Adds what happened since the last call to row (this worker's ctl row):
+ * the time decoder_run computed, its barrier waits left out (what the
+ * coordinator balances the split by, work_balance.h), and under a budget the
+ * neuron cache's counts (`pi2 status`, the coordinator). Called after each
+ * task, before its answer. */
+void decoder_publish_stats(decoder *d, proc_row *row);
 
 /* Logs how many chunks this worker took from others, the neuron cache's
  * counts under a budget, and where the decode time went when

@@ -61,7 +61,6 @@ typedef struct {
     worker_link *link;
     decoder *dec;
     int32_t *chunks; /* [ffn_chunk_count]: a task's chunk list */
-    uint64_t busy_published; /* decoder_busy_ns as last added to our ctl row */
 } worker;
 
 static void reply(worker *w, const Pi2__Envelope *req, Pi2__TaskStatus status, uint64_t time_us, const char *error) {
@@ -92,11 +91,9 @@ static int task_step(worker *w, const Pi2__DecodeTask *t, decode_step *s) {
     if ((int)t->layer == m->n_layer) return 0;
     work_share share;
     work_share_from_cut(&share, m, s->share_begin, s->share_end);
-    long group = m->n_head / m->n_head_kv;
-    if (t->head_begin != share.kvh_begin * group || t->head_end != share.kvh_end * group) {
+    if (t->head_begin != share.qh_begin || t->head_end != share.qh_end) {
         log_error("layer %u task: heads [%u, %u) are not those of its share [%u, %u) (heads [%ld, %ld))", t->layer,
-                  t->head_begin, t->head_end, s->share_begin, s->share_end, share.kvh_begin * group,
-                  share.kvh_end * group);
+                  t->head_begin, t->head_end, s->share_begin, s->share_end, share.qh_begin, share.qh_end);
         return -1;
     }
     s->mode = ffn_mode_from_wire(t->ffn_mode, FFN_DENSE); /* msg_validate refused 0 and values past the modes */
@@ -159,10 +156,7 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
     uint64_t t0 = clock_us();
     int rc = decoder_run(w->dec, &step);
     uint64_t took = clock_us() - t0;
-    decoder_publish_stats(w->dec, &w->link->row->offload);
-    uint64_t busy = decoder_busy_ns(w->dec);
-    atomic_fetch_add(&w->link->row->busy_ns, busy - w->busy_published);
-    w->busy_published = busy;
+    decoder_publish_stats(w->dec, w->link->row);
     worker_link_set_state(w->link, PROC_READY);
     if (rc == DECODE_ERROR) {
         log_error("layer %u task at position %u: %s", t->layer, t->position, decoder_error(w->dec));
@@ -209,7 +203,7 @@ int main(int argc, char **argv) {
     link.hot_wait_us = HOT_WAIT_US;
     worker_link_set_state(&link, PROC_READY);
     log_info("%s ready: %d thread%s, model %s", name, o.n_threads, o.n_threads == 1 ? "" : "s", o.model_path);
-    worker w = {&o, &sv, &link, dec, calloc((size_t)ffn_chunk_count(&sv.m), sizeof(int32_t)), 0};
+    worker w = {&o, &sv, &link, dec, calloc((size_t)ffn_chunk_count(&sv.m), sizeof(int32_t))};
     if (!w.chunks) {
         log_error("out of memory");
         goto out;

@@ -123,11 +123,27 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
         }
     }
     free(hot), free(grouped), free(rank), free(scratch);
+    if (ok && bundle_order_sort_needs(o, p->n_layer)) ok = false;
     if (!ok) bundle_order_free(o);
     return ok ? 0 : -1;
 }
 
+static int by_desc(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+int bundle_order_sort_needs(bundle_order *o, int n_layer) {
+    const size_t whole = (size_t)o->n_whole, all = (size_t)n_layer * whole;
+    free(o->p_desc);
+    if (!(o->p_desc = malloc(sizeof(double) * (all ? all : 1)))) return -1;
+    for (int l = 0; l < n_layer; l++)
+        memcpy(o->p_desc + (size_t)l * whole, o->p_bundle + (size_t)l * (size_t)o->n_bundles, sizeof(double) * whole);
+    qsort(o->p_desc, all, sizeof *o->p_desc, by_desc);
+    return 0;
+}
+
 void bundle_order_free(bundle_order *o) {
-    free(o->order), free(o->p_bundle), free(o->active);
+    free(o->order), free(o->p_bundle), free(o->active), free(o->p_desc);
     memset(o, 0, sizeof *o);
 }

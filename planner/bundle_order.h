@@ -32,10 +32,14 @@ typedef struct {
     double *p_bundle;   /* [n_layer][n_bundles]: probability a token needs the bundle, descending per
                            layer but for a short last bundle */
     double *active;     /* [n_layer]: mean neurons fired per token */
+    double *p_desc;     /* [n_layer * n_whole]: every layer's whole bundles' p, descending over all layers (the
+                           n most needed bundles of the model are those at or above p_desc[n - 1]) */
 } bundle_order;
 
 /* 0, or -1 when out of memory. */
 int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle);
 void bundle_order_free(bundle_order *o);
+/* p_desc from p_bundle (bundle_order_make calls it); 0, or -1 when out of memory. */
+int bundle_order_sort_needs(bundle_order *o, int n_layer);
 
 #endif

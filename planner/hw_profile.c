@@ -19,6 +19,7 @@
 #include "kernels/sparse_kernels.h"
 #include "plan/bundle.h"
 #include "util/clock.h"
+#include "util/compare_double.h"
 #include "util/huge_alloc.h"
 #include "util/log.h"
 #include "util/mem_bandwidth.h"
@@ -44,11 +45,6 @@ static void progress_step(void *ctx, const char *step) {
     progress *p = ctx;
     if (p->o->progress) p->o->progress(p->o->progress_ctx, step, (double)p->done / p->total);
     p->done++;
-}
-
-static int by_value(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* ---- memory read bandwidth ---- */
@@ -180,7 +176,7 @@ static double rows_per_thread_s(threadpool *pool, share_fn share, kernel_bench *
         if (t > 0) rate[n++] = rows / t;
     }
     if (n == 0) return 0;
-    qsort(rate, (size_t)n, sizeof *rate, by_value);
+    qsort(rate, (size_t)n, sizeof *rate, compare_double);
     return rate[n / 2] / pool_size(pool);
 }
 

@@ -12,6 +12,7 @@
 
 #include "hw_profile.h"
 #include "util/clock.h"
+#include "util/compare_double.h"
 #include "util/log.h"
 
 #define BUS_ROUNDS 300
@@ -42,11 +43,6 @@ static void *bus_socket_new(void *zctx, int type) {
         return NULL;
     }
     return s;
-}
-
-static int compare_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* BUS_ROUNDS timed round trips of one byte from a REQ to the REP thread, in

@@ -65,11 +65,6 @@ uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
     return (bytes + BUNDLE_ALIGN - 1) / BUNDLE_ALIGN * BUNDLE_ALIGN;
 }
 
-static int by_desc(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x < y) - (x > y);
-}
-
 /* the hot bundles: the `total` most needed across layers. Each layer's whole bundles are descending, so
  * per layer a prefix; equal bundles are the same size, so this maximizes the expected hits exactly. A
  * short last bundle (not in the descending order) is pinned only after all its layer's whole ones. */
@@ -83,13 +78,7 @@ static void allocate_hot(const bundle_order *o, int n_layer, long total, long *h
     if (total <= 0) return;
     long taken = 0;
     if (whole > 0) {
-        double *sorted = malloc(sizeof(double) * (size_t)all_whole);
-        if (!sorted) return; /* no pinned set: a valid, slower layout */
-        for (int l = 0; l < n_layer; l++)
-            memcpy(sorted + (size_t)l * whole, o->p_bundle + (size_t)l * n, sizeof(double) * (size_t)whole);
-        qsort(sorted, (size_t)all_whole, sizeof *sorted, by_desc);
-        const double threshold = sorted[(total < all_whole ? total : all_whole) - 1];
-        free(sorted);
+        const double threshold = o->p_desc[(total < all_whole ? total : all_whole) - 1];
         for (int l = 0; l < n_layer; l++) {
             const double *p = o->p_bundle + (size_t)l * n;
             while (hot[l] < whole && p[hot[l]] > threshold) hot[l]++;

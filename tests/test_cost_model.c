@@ -18,6 +18,7 @@
  *  - layout_make's cold share: the least when pinning more is predicted
  *    faster, the 10 % when every share predicts alike. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../planner/cost_model.h"
@@ -101,8 +102,9 @@ static void test_cold_share(void) {
             act[l] += p[l * BUNDLES + b];
             order[l * BUNDLES + b] = b;
         }
-    const bundle_order o = {.per_bundle = 1, .n_bundles = BUNDLES, .n_whole = BUNDLES, .order = order,
-                            .p_bundle = p, .active = act};
+    bundle_order o = {.per_bundle = 1, .n_bundles = BUNDLES, .n_whole = BUNDLES, .order = order,
+                      .p_bundle = p, .active = act};
+    CHECK(bundle_order_sort_needs(&o, LAYERS) == 0, "out of memory");
     model m;
     memset(&m, 0, sizeof m);
     m.n_layer = LAYERS, m.n_ff = BUNDLES;
@@ -120,6 +122,7 @@ static void test_cold_share(void) {
               lay.cold_slots, lay.hot_bundles[0] + lay.hot_bundles[1], want[d], SLOTS - want[d]);
         layout_free(&lay);
     }
+    free(o.p_desc);
 }
 
 int main(void) {

@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include "util/clock.h"
+#include "util/compare_double.h"
 #include "gguf/f16.h"
+#include "engine/ops.h"
 #include "kernels/kernels.h"
 #include "util/log.h"
 #include "util/mem_bandwidth.h"
@@ -415,31 +417,18 @@ static void bench_gemm_float(const kernels *const *isas, int n_isas, uint8_t *w,
 #define GEMV_GROUP_ROWS 4096
 #define MAX_PASSES 64
 
-static int by_value(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct {
     const kernels *k;
-    bool q4;
-    const uint8_t *w; /* the group's first row */
-    size_t row_bytes;
-    int rows, n;
-    const block_q8_0 *x8;
+    weight w; /* the group */
+    act_vec in;
 } gemv_job;
 
+/* the thread's rows of the group, as the stack's cpu-workers run theirs */
 static void gemv_share(void *ctx, int ith, int nth) {
     const gemv_job *j = ctx;
     long r0, r1;
-    pool_split(j->rows, ith, nth, &r0, &r1);
-    const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
-    if (j->q4) j->k->gemv_q4_0((const block_q4_0 *)w, j->row_bytes, j->x8, gemv_out + r0, (int)(r1 - r0), j->n);
-    else if (j->k->gemv_q8_0)
-        j->k->gemv_q8_0((const block_q8_0 *)w, j->row_bytes, j->x8, gemv_out + r0, (int)(r1 - r0), j->n);
-    else
-        for (long r = r0; r < r1; r++)
-            gemv_out[r] = j->k->dot_q8_0((const block_q8_0 *)(j->w + (size_t)r * j->row_bytes), j->x8, j->n);
+    pool_split(j->w.rows, ith, nth, &r0, &r1);
+    matvec_rows(j->k, &j->w, &j->in, gemv_out, r0, r1);
 }
 
 static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *w, size_t bytes, const block_q8_0 *x8,
@@ -460,12 +449,14 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
             while (passes < MAX_PASSES && (passes < 5 || clock_seconds() - start < min_seconds)) {
                 const double t0 = clock_seconds();
                 for (size_t g = 0; g < rows; g += GEMV_GROUP_ROWS) {
-                    gemv_job j = {isas[i], q4, w + g * row_bytes, row_bytes, GEMV_GROUP_ROWS, n, x8};
+                    gemv_job j = {isas[i],
+                                  {w + g * row_bytes, q4 ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0, GEMV_GROUP_ROWS, n, row_bytes},
+                                  {.q8 = (block_q8_0 *)x8}};
                     pool_run(pool, gemv_share, &j);
                 }
                 t[passes++] = clock_seconds() - t0;
             }
-            qsort(t, (size_t)passes, sizeof *t, by_value);
+            qsort(t, (size_t)passes, sizeof *t, compare_double);
             const double best = (double)(rows * row_bytes) / t[0] / 1e9;
             const double median = (double)(rows * row_bytes) / t[passes / 2] / 1e9;
             printf("%-9s %-12s %12.2f %12.2f %9.0f%%\n", q4 ? "q4_0" : "q8_0", isas[i]->name, best, median,

@@ -40,8 +40,7 @@ void chunk_costs(const model *m, double *cost) {
     }
 }
 
-/* at NULL: the even split */
-static void split(const double *cost, int n, int n_workers, const double *at, int *bounds) {
+void chunk_split_at(const double *cost, int n, int n_workers, const double *at, int *bounds) {
     double total = 0;
     for (int c = 0; c < n; c++) total += cost[c];
     double prefix = 0; /* of chunks [0, b) */
@@ -55,11 +54,7 @@ static void split(const double *cost, int n, int n_workers, const double *at, in
     bounds[n_workers] = n;
 }
 
-void chunk_split(const double *cost, int n, int n_workers, int *bounds) { split(cost, n, n_workers, NULL, bounds); }
-
-void chunk_split_at(const double *cost, int n, int n_workers, const double *at, int *bounds) {
-    split(cost, n, n_workers, at, bounds);
-}
+void chunk_split(const double *cost, int n, int n_workers, int *bounds) { chunk_split_at(cost, n, n_workers, NULL, bounds); }
 
 int chunk_split_model(const model *m, int n_workers, int *bounds) {
     const int n = ffn_chunk_count(m);

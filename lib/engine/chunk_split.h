@@ -23,7 +23,8 @@ void chunk_costs(const model *m, double *cost);
  * range ends at the chunk boundary nearest its share of the total. */
 void chunk_split(const double *cost, int n, int n_workers, int *bounds);
 /* The same with uneven shares: worker k's range starts at the chunk boundary
- * nearest at[k] of the total (at[1..n_workers-1] ascending in [0, 1]). */
+ * nearest at[k] of the total (at[1..n_workers-1] ascending in [0, 1]; at
+ * NULL: k / n_workers, chunk_split). */
 void chunk_split_at(const double *cost, int n, int n_workers, const double *at, int *bounds);
 
 /* chunk_split of m's chunks by chunk_costs into bounds[0..n_workers]; 0, or

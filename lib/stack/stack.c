@@ -65,6 +65,8 @@ void work_share_even_cut(int worker, int n_workers, uint32_t *begin, uint32_t *e
 void work_share_from_cut(work_share *s, const model *m, uint32_t begin, uint32_t end) {
     s->cut_begin = begin, s->cut_end = end;
     s->kvh_begin = work_share_at(m->n_head_kv, begin), s->kvh_end = work_share_at(m->n_head_kv, end);
+    const long group = m->n_head_kv ? m->n_head / m->n_head_kv : 0;
+    s->qh_begin = s->kvh_begin * group, s->qh_end = s->kvh_end * group;
     s->row_begin = work_share_at(m->n_embd, begin), s->row_end = work_share_at(m->n_embd, end);
     s->ff_begin = work_share_at(m->n_ff, begin), s->ff_end = work_share_at(m->n_ff, end);
     s->vocab_begin = work_share_at(m->n_vocab, begin), s->vocab_end = work_share_at(m->n_vocab, end);

@@ -70,7 +70,8 @@ int model_rebase(model *m, const void *image, uint64_t image_bytes);
 #define WORK_SHARE_ONE 65536u
 typedef struct {
     uint32_t cut_begin, cut_end;/* the cut all the ranges below come from */
-    long kvh_begin, kvh_end;    /* KV heads this worker owns; its query heads follow (GQA groups) */
+    long kvh_begin, kvh_end;    /* KV heads this worker owns */
+    long qh_begin, qh_end;      /* their query heads (GQA groups) */
     long row_begin, row_end;    /* rows of attn_output and ffn_down (n_embd rows) */
     long ff_begin, ff_end;      /* FFN neurons (gate/up rows) */
     long vocab_begin, vocab_end;/* output rows */

@@ -194,6 +194,14 @@ static bool aligned(uint64_t off, uint64_t len, const void *dest) {
     return off % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && (uintptr_t)dest % DIRECT_ALIGN == 0;
 }
 
+/* The registered piece that holds [dest, dest + len) whole (no pages pinned per read), or -1. */
+static int fixed_piece(const uring_reader *r, const uint8_t *dest, uint32_t len) {
+    if (!r->fixed_base || (uintptr_t)dest < (uintptr_t)r->fixed_base) return -1;
+    const uint64_t at = (uint64_t)((uintptr_t)dest - (uintptr_t)r->fixed_base);
+    if (at + len > r->fixed_bytes || at / FIXED_BUFFER_MAX != (at + len - 1) / FIXED_BUFFER_MAX) return -1;
+    return (int)(at / FIXED_BUFFER_MAX);
+}
+
 /* Prepares the rest of op i's read; false if the ring has no free entry. */
 static bool prep_read(uring_reader *r, int32_t i) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
@@ -212,12 +220,10 @@ static bool prep_read(uring_reader *r, int32_t i) {
             r->told_unaligned = true;
         }
     }
-    const uint64_t at = (uint64_t)(dest - r->fixed_base), piece = at / FIXED_BUFFER_MAX;
-    if (dest >= r->fixed_base && at < r->fixed_bytes && at + len <= r->fixed_bytes &&
-        (at + len - 1) / FIXED_BUFFER_MAX == piece) /* inside one registered piece: no pages pinned per read */
-        io_uring_prep_read_fixed(sqe, r->fixed_files ? which : r->fd[which], dest, len, off, (int)piece);
-    else
-        io_uring_prep_read(sqe, r->fixed_files ? which : r->fd[which], dest, len, off);
+    const int fd = r->fixed_files ? which : r->fd[which];
+    const int piece = fixed_piece(r, dest, len);
+    if (piece >= 0) io_uring_prep_read_fixed(sqe, fd, dest, len, off, piece);
+    else io_uring_prep_read(sqe, fd, dest, len, off);
     if (r->fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
     /* The low bit remembers whether O_DIRECT was used, to fall back on EINVAL. */
     io_uring_sqe_set_data64(sqe, ((uint64_t)i << 1) | (which == FILE_DIRECT));
