@@ -284,6 +284,9 @@ int cm_load_weights(cachemgr *c) {
     double t0 = clock_seconds();
     rc = run(&L);
     if (rc == 0 && c->budgeted && cm_ready_cache(c)) rc = -1;
+    /* under a budget the page cache counts against it: the pages read for the predictor copy and the checks */
+    if (rc == 0 && c->budgeted && model_release_file_pages(&c->m, c->model_path))
+        log_warn("%s: cannot drop its pages from the page cache: %s", c->model_path, strerror(errno));
     if (rc == 0) {
         double dt = clock_seconds() - t0;
         uint64_t gen = shm_generation(c->seg[SEG_WEIGHTS]);

@@ -27,7 +27,8 @@ static void usage(FILE *f) {
             "  -r, --run RUNID         run id (default: $PI2_RUN, else \"default\")\n"
             "  -c, --ctx-size N        KV cache positions (default: min(model context, 2048))\n"
             "      --cpu-workers N     decode workers (default 1, at most %d)\n"
-            "      --max-prefill N     most prompt tokens per prefill request (default 512)\n"
+            "      --max-prefill N     most prompt tokens per prefill request (default: the plan's under --plan,\n"
+            "                          else %d; under a plan at most the plan's, whose memory counts them)\n"
             "      --io-timeout-ms N   re-send a read batch unanswered this long (default 5000)\n"
             "      --ffn MODE          FFN of a generation that does not choose one (docs/sparse.md):\n"
             "                          auto (default: ReLU models sparse, with the predictor if there is one,\n"
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
             "  -h, --help              this help\n"
             "On a restart the existing segments of the run are kept (with their parameters).\n"
             "Environment: PI2_LOG=debug|info|warn|error\n",
-            STACK_MAX_CPU_WORKERS);
+            STACK_MAX_CPU_WORKERS, STACK_DEFAULT_MAX_PREFILL);
 }
 
 typedef struct {
@@ -67,7 +68,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"small-pages", no_argument, 0, OPT_SMALL_PAGES}, {"check", no_argument, 0, OPT_CHECK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 512, .io_timeout_ms = 5000,
+    *o = (options){.runid = cli_default_runid(), .cpu_workers = 1, .max_prefill = 0, .io_timeout_ms = 5000,
                    .ffn_auto = true};
     int c;
     while ((c = getopt_long(argc, argv, "m:r:c:h", longopts, NULL)) != -1) {
@@ -155,6 +156,12 @@ static int open_plan(options *o, cachemgr *c) {
     }
     o->ffn_auto = false;
     o->ffn = c->off.mode;
+    if (p->max_prefill && o->max_prefill > (int)p->max_prefill) {
+        log_error("--max-prefill %d: the plan %s counts prompt buffers for %u tokens a step in its budget (make "
+                  "another with this stack config: pi2 plan -c)", o->max_prefill, c->off.plan_path, p->max_prefill);
+        return -1;
+    }
+    if (!o->max_prefill) o->max_prefill = (int)p->max_prefill;
     if (c->off.side_predictor && !o->predictor) o->predictor = p->predictor;
     log_info("plan %s: budget %.1f MiB (preload %.1f, hot %.1f, cold %u slots = %.1f MiB); bundles from %s",
              c->off.plan_path, p->budget_bytes / 1048576.0, c->off.preload_bytes / 1048576.0,
@@ -217,6 +224,7 @@ int main(int argc, char **argv) {
         return EXIT_CONFIG;
     }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
+    if (!o.max_prefill) o.max_prefill = STACK_DEFAULT_MAX_PREFILL;
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
     int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : o.check ? cm_preflight(&c) : start(&c);
     cm_beat(&c, PROC_DEAD);

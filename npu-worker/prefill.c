@@ -12,7 +12,9 @@ struct prefiller {
     stack_view *sv;
     threadpool *pool;
     prompt_pass *pass;
-    ffn_stream *stream;    /* under a budget: the FFN weights, a layer at a time */
+    ffn_stream *stream;    /* under a budget: the FFN weights, a piece of neurons at a time */
+    uint64_t streamed;     /* its totals at the end of the last run */
+    double waited_s, read_s;
     char error[512];
 };
 
@@ -25,37 +27,45 @@ typedef struct {
 
 static kv_layer stack_kv(void *ctx, int layer) { return stack_kv_layer(((run_ctx *)ctx)->p->sv, layer); }
 
-/* Layer l's FFN weights from the staging area; the read of the next layer
- * starts (after the last one, layer 0's: the next block of a long prompt
- * starts there). */
-static int stage_layer(prefiller *p, int l) {
-    model *m = &p->sv->m;
-    layer_weights lw;
-    if (ffn_stream_layer(p->stream, l, l + 1 < m->n_layer ? l + 1 : 0, &lw, p->error, sizeof p->error)) return -1;
-    m->layers[l] = lw; /* the layer as it is, its streamed tensors pointing into the staging slot */
-    return 0;
+/* A piece of layer l's FFN from the staging area (the pass's prompt_ffn_source);
+ * the read of the next piece starts. */
+static int stage_piece(void *ctx, int l, long n0, layer_weights *piece, long *n1) {
+    prefiller *p = ctx;
+    return ffn_stream_piece(p->stream, l, n0, piece, n1, p->error, sizeof p->error);
 }
 
-/* before each layer: abandoned when the epoch moved on (or its weights could
- * not be read); after each: the progress report */
+/* before each layer: abandoned when the epoch moved on; after each: the progress report */
 static int step(void *ctx, int layers_done) {
     run_ctx *r = ctx;
     prefiller *p = r->p;
     if ((uint32_t)atomic_load(&p->sv->ctl->epoch) != r->epoch) return -1;
     if (layers_done > 0 && r->tick) r->tick(r->tick_ctx, layers_done);
-    if (p->stream && layers_done < p->sv->m.n_layer && stage_layer(p, layers_done)) return -1;
     return 0;
 }
 
 const char *prefiller_error(const prefiller *p) { return p->error; }
+
+/* what the last run streamed: whether the reads kept ahead of the pass */
+static void log_streamed(prefiller *p) {
+    uint64_t bytes;
+    double waited_s, read_s;
+    ffn_stream_stats(p->stream, &bytes, &waited_s, &read_s);
+    const double mb = (double)(bytes - p->streamed) / 1e6, busy_s = read_s - p->read_s;
+    log_info("FFN rows streamed: %.0f MB in %.3f s of reads (%.0f MB/s); the pass waited %.3f s for them", mb, busy_s,
+             busy_s > 0 ? mb / busy_s : 0, waited_s - p->waited_s);
+    p->streamed = bytes, p->waited_s = waited_s, p->read_s = read_s;
+}
 
 int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,
                   void *tick_ctx) {
     const stack_view *sv = p->sv;
     const model *m = &sv->m;
     run_ctx r = {p, epoch, tick, tick_ctx};
+    const prompt_ffn_source staged = {stage_piece, p};
     p->error[0] = 0;
-    if (prompt_pass_run(p->pass, tokens, n, first, stack_kv, &r, step, &r)) return p->error[0] ? PREFILL_ERROR : -1;
+    const int rc = prompt_pass_run(p->pass, tokens, n, first, stack_kv, &r, step, &r, p->stream ? &staged : NULL);
+    if (p->stream) log_streamed(p);
+    if (rc) return p->error[0] ? PREFILL_ERROR : -1;
     /* the last token's residual and logits, as the decode output task leaves them */
     memcpy(stack_act_f32(sv, sv->layout.x_layers) + (size_t)m->n_layer * m->n_embd,
            prompt_pass_last_residual(p->pass, n), sizeof(float) * (size_t)m->n_embd);
@@ -81,13 +91,15 @@ prefiller *prefiller_new(stack_view *sv, int n_threads) {
     }
     if (sv->budgeted) { /* gate-first keeps every gate row in memory */
         unsigned which = FFN_STREAM_UP | FFN_STREAM_DOWN | (sv->off.mode == FFN_GATE_FIRST ? 0 : FFN_STREAM_GATE);
-        if (!(p->stream = ffn_stream_open(&sv->m, sv->ctl->model_path, which, p->error, sizeof p->error))) {
+        const long step = prompt_pass_neuron_step(&sv->m);
+        if (!(p->stream = ffn_stream_open(&sv->m, sv->ctl->model_path, which, step, p->error, sizeof p->error))) {
             log_error("%s", p->error);
             prefiller_free(p);
             return NULL;
         }
-        log_info("under the plan's budget: the prompt's FFN weights stream through %.1f MiB of staging",
-                 ffn_stream_bytes(&sv->m, which) / 1048576.0);
+        log_info("under the plan's budget: the prompt's FFN weights stream through %.1f MiB of staging, %ld neurons "
+                 "at a time", ffn_stream_bytes(&sv->m, which, step) / 1048576.0,
+                 ffn_stream_piece_neurons(&sv->m, which, step));
     }
     return p;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/ffn_stream.h"
 #include "engine/predictor.h"
 #include "engine/prompt.h"
 #include "plan/bundle.h"
@@ -54,10 +55,11 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const double stage1 = predicts ? (double)predictor * stage1_share(m) : 0;
     f->guess_whole_bytes = stage1;
     f->guess_split_bytes = predicts ? (double)predictor - stage1 : 0;
-    f->process = (uint64_t)in->n_processes * PROCESS_BYTES_EACH + prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
-    /* in gate-first the gate rows are preloaded, so a layer streams its up and down rows */
-    const size_t streamed = predicts ? f->neuron_bytes : f->up_row + f->down_row;
-    f->staging = 2 * (uint64_t)m->n_ff * streamed;
+    f->process = (uint64_t)(in->n_processes + 1) * PROCESS_BYTES_EACH + STACK_SHARED_BYTES +
+                 prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
+    /* the npu-worker's staging slots (npu-worker/prefill.c); in gate-first the gate rows are preloaded */
+    const unsigned streamed = FFN_STREAM_UP | FFN_STREAM_DOWN | (predicts ? FFN_STREAM_GATE : 0);
+    f->staging = ffn_stream_bytes(m, streamed, prompt_pass_neuron_step(m));
 }
 
 uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
@@ -117,6 +119,8 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     lay->budget = budget;
     lay->stride = layout_stride(f, order->per_bundle);
     lay->queue_depth = queue_depth_for(in->hw, lay->stride);
+    lay->max_prefill = in->max_prefill;
+    lay->process = f->process;
     lay->hot_bundles = calloc((size_t)n_layer, sizeof(long));
     /* a minimal cold cache: one layer's needed bundles twice over (in flight, and being computed) */
     double most = 0;

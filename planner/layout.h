@@ -9,16 +9,24 @@
 
 #include "engine/ffn_mode.h"
 #include "engine/model.h"
+#include "stack/stack.h"
 #include "bundle_order.h"
 #include "cost_model.h"
 
-/* The processes' own memory, each: anonymous RSS 0.6-4.9 MiB and 5.6-11
- * MiB of mapped files (libraries, mostly shared), measured on a running
- * stack (docs/planner.md); plus the npu-worker's prompt buffers, which grow
- * with the model and the stack's max-prefill (PREFILL_TOKENS unless the
- * stack config sets max-prefill=N): prompt_pass_bytes. */
-#define PROCESS_BYTES_EACH (8ull << 20)
-#define PREFILL_TOKENS 512
+/* The processes' own memory, each: anonymous RSS 6.4-9.1 MiB and page
+ * tables 1.2-1.4 MiB, measured on a running 7B stack under a plan (the
+ * npu-worker's prompt buffers and staging counted apart; docs/planner.md);
+ * the supervisor counts as one more process. Plus, once for the stack,
+ * STACK_SHARED_BYTES: the kernel's own memory for it beyond the page tables
+ * (13-15 MiB of kmem in all) and the file pages the processes keep touching
+ * (programs, libraries, the model file's metadata): a cgroup charges both,
+ * and a plan that left them out was killed at 2 GiB. Plus the npu-worker's
+ * prompt buffers, which grow with the model and the stack's max-prefill (the
+ * stack config's max-prefill=N, else the one of PREFILL_TOKENS, 1/2 and 1/4
+ * of it the planner chooses): prompt_pass_bytes. */
+#define PROCESS_BYTES_EACH (10ull << 20)
+#define STACK_SHARED_BYTES (32ull << 20)
+#define PREFILL_TOKENS STACK_DEFAULT_MAX_PREFILL
 /* The share of the cache that is cold slots (LRU) rather than pinned hot bundles is the one of 10, 5, 2
  * and 0 % (at least two layers' needed bundles) predicted fastest, a smaller one only when predicted this
  * much faster than the larger: the cost model counts no reuse between tokens (docs/planner.md). */
@@ -42,7 +50,7 @@ typedef struct {
 typedef struct {
     uint64_t preload;       /* attention, norms, output, predictors (gate rows in gate-first), KV at ctx */
     uint64_t process;
-    uint64_t staging;       /* two layers' FFN rows, for the prefill's streaming */
+    uint64_t staging;       /* the prefill's staging slots (ffn_stream_bytes) */
     double dense_bytes;     /* weights read densely per token */
     /* the predictor's, read again to ask for a layer's misses ahead (predictor mode): by every
      * cpu-worker (its first stage), and split between them (its second) */
@@ -59,6 +67,8 @@ typedef struct {
     long *hot_bundles;      /* [n_layer] */
     long cold_slots;
     int queue_depth;
+    int max_prefill;        /* the inputs' prompt tokens per prefill step */
+    uint64_t process;       /* the fixed part's processes' memory at that step */
     cost_prediction pred;
 } layout;
 

@@ -26,6 +26,13 @@
 
 static const int per_bundle_choice[] = {1, 2, 4};
 #define N_CHOICES ((int)(sizeof per_bundle_choice / sizeof *per_bundle_choice))
+/* Prompt tokens per prefill step weighed when the stack config does not set max-prefill, largest first. A
+ * smaller step frees the npu-worker's prompt buffers (prompt_pass_bytes: 0.28 MB a token on the 7B file) for
+ * neurons; a prompt longer than a step goes in several, and under a budget each streams the FFN rows that
+ * are not resident again. A smaller step is taken when predicted SMALLER_PREFILL_MARGIN faster. */
+static const int prefill_choice[] = {PREFILL_TOKENS, PREFILL_TOKENS / 2, PREFILL_TOKENS / 4};
+#define PREFILL_CHOICES ((int)(sizeof prefill_choice / sizeof *prefill_choice))
+#define SMALLER_PREFILL_MARGIN 0.03
 #define CURVE_POINTS 12
 #define GEN_PER_PROMPT 8 /* longer greedy runs loop on synthetic models and skew the counts */
 
@@ -39,8 +46,11 @@ typedef struct {
     model_profile prof;
     char **extra_prompts;
     int n_extra;
-    layout_inputs in;
+    layout_inputs in;    /* at the largest prefill step weighed */
     layout_fixed fixed;
+    int n_prefill;       /* prefill steps weighed: the config's, or prefill_choice's */
+    layout_inputs prefill_in[PREFILL_CHOICES];
+    layout_fixed prefill_fixed[PREFILL_CHOICES];
     bundle_order orders[N_CHOICES];
 } planning;
 
@@ -164,17 +174,17 @@ static int model_profile_step(planning *pl) {
  * and decoded 3.29 against 3.5-3.95. */
 #define BIGGER_BUNDLE_MARGIN 0.10
 
-/* the layout of the order that predicts the most tok/s under budget, bigger bundles only by
- * BIGGER_BUNDLE_MARGIN; -1 if none fits. tell: log every candidate's prediction (what decided the
+/* at prefill step p, the layout of the order that predicts the most tok/s under budget, bigger bundles
+ * only by BIGGER_BUNDLE_MARGIN; -1 if none fits. tell: log every candidate's prediction (what decided the
  * bundle size) */
-static int best_layout(planning *pl, uint64_t budget, layout *best, bool tell) {
+static int best_bundles(planning *pl, int p, uint64_t budget, layout *best, bool tell) {
     int found = -1;
     bool fits[N_CHOICES] = {false};
     cost_prediction pred[N_CHOICES];
     uint64_t stride[N_CHOICES];
     for (int c = 0; c < N_CHOICES; c++) {
         layout lay;
-        fits[c] = layout_make(&pl->in, &pl->fixed, &pl->orders[c], budget, &lay) == 0;
+        fits[c] = layout_make(&pl->prefill_in[p], &pl->prefill_fixed[p], &pl->orders[c], budget, &lay) == 0;
         pred[c] = lay.pred, stride[c] = lay.stride;
         if (fits[c] && (found < 0 || lay.pred.tok_s > best->pred.tok_s * (1 + BIGGER_BUNDLE_MARGIN))) {
             if (found >= 0) layout_free(best);
@@ -192,14 +202,42 @@ static int best_layout(planning *pl, uint64_t budget, layout *best, bool tell) {
     return found < 0 ? -1 : 0;
 }
 
+/* the best layout (best_bundles) over the prefill steps weighed, a smaller step only by
+ * SMALLER_PREFILL_MARGIN; -1 if none fits. tell: log what decided the step and the bundle size */
+static int best_layout(planning *pl, uint64_t budget, layout *best, bool tell) {
+    int found = -1;
+    double tok_s[PREFILL_CHOICES] = {0};
+    for (int p = 0; p < pl->n_prefill; p++) {
+        layout lay;
+        if (best_bundles(pl, p, budget, &lay, false)) continue;
+        tok_s[p] = lay.pred.tok_s;
+        if (found < 0 || lay.pred.tok_s > best->pred.tok_s * (1 + SMALLER_PREFILL_MARGIN)) {
+            if (found >= 0) layout_free(best);
+            *best = lay;
+            found = p;
+        } else {
+            layout_free(&lay);
+        }
+    }
+    if (!tell || found < 0) return found < 0 ? -1 : 0;
+    for (int p = 0; p < pl->n_prefill && pl->n_prefill > 1; p++)
+        if (tok_s[p] > 0)
+            log_info("prompt steps of %d tokens: predicted %.2f tok/s%s", pl->prefill_in[p].max_prefill, tok_s[p],
+                     p == found ? " (chosen)" : "");
+    layout again;
+    if (best_bundles(pl, found, budget, &again, true) == 0) layout_free(&again);
+    return 0;
+}
+
 static uint64_t floor_of(planning *pl) {
     uint64_t least = UINT64_MAX;
-    for (int c = 0; c < N_CHOICES; c++) {
-        layout lay;
-        layout_make(&pl->in, &pl->fixed, &pl->orders[c], 0, &lay);
-        if (lay.floor < least) least = lay.floor;
-        layout_free(&lay);
-    }
+    for (int p = 0; p < pl->n_prefill; p++)
+        for (int c = 0; c < N_CHOICES; c++) {
+            layout lay;
+            layout_make(&pl->prefill_in[p], &pl->prefill_fixed[p], &pl->orders[c], 0, &lay);
+            if (lay.floor < least) least = lay.floor;
+            layout_free(&lay);
+        }
     return least;
 }
 
@@ -343,7 +381,8 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     plan.budget_bytes = lay->budget;
     plan.floor_bytes = floor < lay->budget ? floor : lay->budget;
     plan.preload_bytes = pl->fixed.preload;
-    plan.process_bytes = pl->fixed.process;
+    plan.process_bytes = lay->process;
+    plan.max_prefill = (uint32_t)lay->max_prefill;
     plan.staging_bytes = lay->all_resident ? 0 : pl->fixed.staging;
     plan.hot_bytes = hot_total * lay->stride;
     plan.cold_bytes = (uint64_t)lay->cold_slots * lay->stride;
@@ -462,6 +501,12 @@ static int plan_steps(planning *pl) {
                              .checksums = pl->conf.checksums,
                              .hw = &pl->hw};
     layout_fixed_of(&pl->in, &pl->fixed);
+    pl->n_prefill = pl->conf.max_prefill_set ? 1 : PREFILL_CHOICES;
+    for (int p = 0; p < pl->n_prefill; p++) {
+        pl->prefill_in[p] = pl->in;
+        if (!pl->conf.max_prefill_set) pl->prefill_in[p].max_prefill = prefill_choice[p];
+        layout_fixed_of(&pl->prefill_in[p], &pl->prefill_fixed[p]);
+    }
     if (read_prompts(pl) || hardware_profile(pl) || model_profile_step(pl)) return -1;
     for (int c = 0; c < N_CHOICES; c++)
         if (bundle_order_make(&pl->orders[c], &pl->prof, per_bundle_choice[c])) {
@@ -491,10 +536,11 @@ static int plan_steps(planning *pl) {
     const uint64_t floor = floor_of(pl);
     layout lay;
     if (best_layout(pl, budget, &lay, true)) {
+        const layout_fixed *least = &pl->prefill_fixed[pl->n_prefill - 1];
         log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging %.0f, "
                   "a minimal cache); %.2f GB was given",
-                  floor / 1e9, floor / 1048576.0, pl->fixed.preload / 1048576.0, pl->fixed.process / 1048576.0,
-                  pl->fixed.staging / 1048576.0, budget / 1e9);
+                  floor / 1e9, floor / 1048576.0, least->preload / 1048576.0, least->process / 1048576.0,
+                  least->staging / 1048576.0, budget / 1e9);
         return -1;
     }
     char bundle_path[1024];

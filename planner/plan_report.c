@@ -20,8 +20,12 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
             mib(p->floor_bytes));
     fprintf(out, "  preloaded    %9.1f MiB  attention, norms, output, %s, KV cache\n", mib(p->preload_bytes),
             p->mode == PI2__PLAN_MODE__PLAN_MODE_PREDICTOR ? "predictors" : "every gate row");
-    fprintf(out, "  processes    %9.1f MiB\n", mib(p->process_bytes));
-    fprintf(out, "  staging      %9.1f MiB  prefill: two layers' FFN rows streamed from the bundle file\n",
+    if (p->max_prefill)
+        fprintf(out, "  processes    %9.1f MiB  the prompt's buffers for %u tokens a step (max-prefill)\n",
+                mib(p->process_bytes), p->max_prefill);
+    else
+        fprintf(out, "  processes    %9.1f MiB\n", mib(p->process_bytes));
+    fprintf(out, "  staging      %9.1f MiB  prefill: slots of FFN rows streamed from the model\n",
             mib(p->staging_bytes));
     uint64_t hot = 0, total = (uint64_t)p->n_layer * (uint64_t)((p->n_ff + p->per_bundle - 1) / p->per_bundle);
     for (size_t l = 0; l < p->n_hot_bundles; l++) hot += p->hot_bundles[l];

@@ -74,6 +74,7 @@ int stack_conf_read(const char *path, int n_cpus, stack_conf *c, char *err, size
                 rc = -1;
                 break;
             }
+            c->max_prefill_set = true;
             continue;
         }
         if (!strcmp(name, "bundle-checksums=off")) {

@@ -13,6 +13,7 @@ typedef struct {
     int cpu_workers;
     int threads;          /* decode threads of all cpu-workers */
     int max_prefill;      /* prompt tokens per prefill step: max-prefill=N, else the stack's default */
+    bool max_prefill_set; /* by the config: the planner keeps it rather than choosing one */
     bool checksums;       /* bundles checked as they are read (bundle-checksums=off: not) */
     /* the io-worker runs on a core that a cpu-worker computes on: both pinned to lists that meet,
      * or either unpinned on a machine whose every CPU computes */

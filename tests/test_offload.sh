@@ -13,6 +13,8 @@
 #     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
+#   - the plan's prompt step is the stack's when its config sets none, and a
+#     config asking for more is refused;
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
 #     file, never with other text;
@@ -24,7 +26,7 @@ cd "$(dirname "$0")/.." || exit 1
 RUN_BASE="to$$"
 # shellcheck source=tests/sh/stack_common.sh
 . tests/sh/stack_common.sh
-require_programs pi2 planner mkmodel cachemgr io-worker cpu-worker npu-worker coordinator
+require_programs pi2 pi2-ctl planner mkmodel cachemgr io-worker cpu-worker npu-worker coordinator
 
 export XDG_CACHE_HOME=$TMP/cache
 MODEL=$TMP/m.pwri
@@ -209,6 +211,23 @@ st=$?
 [ $st -ne 0 ] && grep -q "prompt runs on the npu-worker" "$TMP/nonpu.err"
 check "pi2 up --plan --no-npu is refused, saying the prompt needs the npu-worker" $?
 no_leftovers "$RN2"
+check "... and starts nothing" $?
+
+# the plan's prompt step: a config without max-prefill takes the plan's (its memory counts that many
+# tokens' buffers); one asking for more than the plan's is refused, naming both
+grep -v '^max-prefill=' "$TMP/off.conf" >"$TMP/nomax.conf"
+new_run RM
+"$PI2" up -r "$RM" -c "$TMP/nomax.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>&1 &&
+    "$BIN/pi2-ctl" -r "$RM" status 2>/dev/null | grep -q "max prefill 32$"
+check "a stack config without max-prefill takes the plan's (32 tokens a step)" $?
+"$PI2" down -r "$RM" >/dev/null 2>&1
+{ cat "$TMP/nomax.conf"; echo max-prefill=64; } >"$TMP/bigmax.conf"
+new_run RM2
+"$PI2" up -r "$RM2" -c "$TMP/bigmax.conf" -m "$MODEL" --plan "$TMP/plan-50" >/dev/null 2>"$TMP/bigmax.err"
+st=$?
+[ $st -ne 0 ] && grep -q "max-prefill 64: the plan .* 32 tokens a step" "$TMP/bigmax.err"
+check "max-prefill above the plan's is refused, naming both" $?
+no_leftovers "$RM2"
 check "... and starts nothing" $?
 
 # the caps' cgroups (their processes are gone with the runs)

@@ -12,6 +12,8 @@
  *    bound docs/prefill.md states);
  *  - any block size gives the same bits: the prompt in blocks of 7 tokens
  *    through prompt_pass_run equals one block and engine_prefill;
+ *  - so do the FFN weights in pieces of neurons (prompt_ffn_source, as a
+ *    budgeted stack streams them): one step, three steps, and the whole layer;
  *  - PowerInfer files (ffn_down_t only, summed by the sparse axpy) close to
  *    their token-by-token prompt and to their GGUF twin's pass. */
 #include <math.h>
@@ -48,8 +50,30 @@ static kv_layer test_kv(void *ctx, int layer) {
     return (kv_layer){c->k + (size_t)layer * per, c->v + (size_t)layer * per, c->n_ctx, c->kv_dim};
 }
 
-/* the prompt in blocks of `block` tokens; its KV cache into c, the last logits into logits */
-static void run_blocks(const model *m, threadpool *pool, int block, const int32_t *tokens, int n_prompt,
+/* a prompt_ffn_source over the model's own weights, `piece` neurons at a time */
+typedef struct {
+    const model *m;
+    long piece;
+    long asked; /* pieces handed out */
+} piece_source;
+
+static int model_piece(void *ctx, int l, long n0, layer_weights *out, long *n1) {
+    piece_source *ps = ctx;
+    *out = ps->m->layers[l];
+    *n1 = n0 + ps->piece < ps->m->n_ff ? n0 + ps->piece : ps->m->n_ff;
+    weight *rows[3] = {&out->gate, &out->up, &out->down_t};
+    for (int i = 0; i < 3; i++)
+        if (rows[i]->data) {
+            rows[i]->data = (const char *)rows[i]->data + (size_t)n0 * rows[i]->row_bytes;
+            rows[i]->rows = *n1 - n0;
+        }
+    ps->asked++;
+    return 0;
+}
+
+/* the prompt in blocks of `block` tokens, the FFN in pieces of `piece` neurons (0: from the model); its KV cache
+ * into c, the last logits into logits */
+static void run_blocks(const model *m, threadpool *pool, int block, long piece, const int32_t *tokens, int n_prompt,
                        test_cache *c, float *logits) {
     char err[256];
     prompt_pass *p = prompt_pass_new(m, kernels_best(), pool, block, c->n_ctx, err, sizeof err);
@@ -57,12 +81,39 @@ static void run_blocks(const model *m, threadpool *pool, int block, const int32_
         CHECK(0, "prompt_pass_new: %s", err);
         return;
     }
+    piece_source ps = {m, piece, 0};
+    const prompt_ffn_source src = {model_piece, &ps};
     for (int first = 0; first < n_prompt; first += block) {
         const int count = n_prompt - first < block ? n_prompt - first : block;
-        CHECK(prompt_pass_run(p, tokens + first, count, first, test_kv, c, NULL, NULL) == 0, "prompt_pass_run failed");
+        CHECK(prompt_pass_run(p, tokens + first, count, first, test_kv, c, NULL, NULL, piece ? &src : NULL) == 0,
+              "prompt_pass_run failed");
         if (first + count == n_prompt) prompt_pass_logits(p, count, logits);
     }
+    const long blocks = (n_prompt + block - 1) / block;
+    if (piece)
+        CHECK(ps.asked == blocks * m->n_layer * ((m->n_ff + piece - 1) / piece), "%ld pieces asked for, pieces of %ld",
+              ps.asked, piece);
     prompt_pass_free(p);
+}
+
+/* the FFN in pieces of one step, three steps and a layer of neurons gives the bits of the whole model */
+static void check_pieces(const char *name, const model *m, const int32_t *tokens, int n_prompt, const test_cache *whole,
+                         const float *whole_logits) {
+    const int n_ctx = whole->n_ctx, kv_dim = whole->kv_dim;
+    const size_t cells = (size_t)m->n_layer * n_ctx * (size_t)kv_dim;
+    const long step = prompt_pass_neuron_step(m), pieces[] = {step, 3 * step, m->n_ff};
+    threadpool *pool = pool_new(2);
+    for (int i = 0; i < 3; i++) {
+        if (i < 2 && step == m->n_ff) continue;
+        test_cache c = {calloc(cells, 2), calloc(cells, 2), n_ctx, kv_dim};
+        float *logits = malloc(sizeof(float) * (size_t)m->n_vocab);
+        run_blocks(m, pool, 200, pieces[i], tokens, n_prompt, &c, logits);
+        CHECK(memcmp(c.k, whole->k, cells * 2) == 0 && memcmp(c.v, whole->v, cells * 2) == 0 &&
+                  memcmp(logits, whole_logits, sizeof(float) * (size_t)m->n_vocab) == 0,
+              "%s: the FFN in pieces of %ld neurons (step %ld of %d) gives other bits", name, pieces[i], step, m->n_ff);
+        free(c.k), free(c.v), free(logits);
+    }
+    pool_free(pool);
 }
 
 /* blocks of 7 and one block give the same KV cache and logits; so does
@@ -73,8 +124,8 @@ static void check_blocks(const char *name, const model *m, const int32_t *tokens
     test_cache a = {calloc(cells, 2), calloc(cells, 2), n_ctx, kv_dim}, b = {calloc(cells, 2), calloc(cells, 2), n_ctx, kv_dim};
     float *la = malloc(sizeof(float) * (size_t)m->n_vocab), *lb = malloc(sizeof(float) * (size_t)m->n_vocab);
     threadpool *pool = pool_new(2);
-    run_blocks(m, pool, 7, tokens, n_prompt, &a, la);
-    run_blocks(m, pool, 200, tokens, n_prompt, &b, lb);
+    run_blocks(m, pool, 7, 0, tokens, n_prompt, &a, la);
+    run_blocks(m, pool, 200, 0, tokens, n_prompt, &b, lb);
     CHECK(memcmp(a.k, b.k, cells * 2) == 0 && memcmp(a.v, b.v, cells * 2) == 0,
           "%s: the KV cache of the prompt in blocks of 7 differs from one block", name);
     CHECK(memcmp(la, lb, sizeof(float) * (size_t)m->n_vocab) == 0,
@@ -83,6 +134,7 @@ static void check_blocks(const char *name, const model *m, const int32_t *tokens
         CHECK(memcmp(expect, lb, sizeof(float) * (size_t)m->n_vocab) == 0,
               "%s: engine_prefill's logits are not the prompt pass's", name);
     pool_free(pool);
+    check_pieces(name, m, tokens, n_prompt, &b, lb);
     free(a.k), free(a.v), free(b.k), free(b.v), free(la), free(lb);
 }
 

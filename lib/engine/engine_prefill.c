@@ -248,7 +248,7 @@ static float *prefill_blocks(engine *e, const int *tokens, int n) {
     }
     for (int first = 0; first < n; first += ENGINE_PROMPT_BLOCK) {
         const int count = n - first < ENGINE_PROMPT_BLOCK ? n - first : ENGINE_PROMPT_BLOCK;
-        prompt_pass_run(e->prompt, (const int32_t *)tokens + first, count, first, engine_kv, e, NULL, NULL);
+        prompt_pass_run(e->prompt, (const int32_t *)tokens + first, count, first, engine_kv, e, NULL, NULL, NULL);
         if (first + count == n) prompt_pass_logits(e->prompt, count, e->logits);
     }
     return e->logits;

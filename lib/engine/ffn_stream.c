@@ -1,4 +1,4 @@
-/* FFN weights streamed from the model file into two staging slots (ffn_stream.h). */
+/* FFN weights streamed from the model file into staging slots (ffn_stream.h). */
 #include "engine/ffn_stream.h"
 
 #include <errno.h>
@@ -14,15 +14,16 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-/* One selected tensor of one layer: the file range read for it and where it lands in a slot. */
+/* One selected tensor's rows of one piece: the file range read for them and where they land in a slot. */
 typedef struct {
     size_t field;       /* offsetof(layer_weights, <the weight>) */
     const char *name;   /* "ffn_gate.weight", for messages */
+    int layer;
     uint64_t file_off;  /* range start: the tensor's offset rounded down to FFN_STREAM_ALIGN */
     size_t read_len;    /* range length: up to the tensor's end rounded up to FFN_STREAM_ALIGN */
     size_t need;        /* bytes of the range up to the tensor's end: less only at end of file */
     size_t slot_off;    /* the range's place in the slot, a multiple of FFN_STREAM_ALIGN */
-    size_t data_off;    /* the tensor's first byte in the slot */
+    size_t data_off;    /* the rows' first byte in the slot */
 } part;
 
 /* A slot's life: EMPTY -> QUEUED (caller) -> READING (reader) -> READY | FAILED (reader). */
@@ -30,7 +31,7 @@ enum slot_state { SLOT_EMPTY, SLOT_QUEUED, SLOT_READING, SLOT_READY, SLOT_FAILED
 
 typedef struct {
     uint8_t *buf;        /* [slot_bytes], FFN_STREAM_ALIGN-aligned */
-    int layer;           /* the layer it holds or receives; -1 none */
+    long piece;          /* the piece it holds or receives (layer * per_layer + index); -1 none */
     enum slot_state state;
     char err[512];       /* FAILED: why; written by the reader before it publishes FAILED under mu */
 } slot;
@@ -42,16 +43,19 @@ struct ffn_stream {
     atomic_bool direct;  /* fd has O_DIRECT; cleared by the reader on fallback */
     int fail_reads;      /* test hook: reads still to fail with EIO (reader thread only) */
     int n_parts;         /* selected tensors per layer */
-    part *parts;         /* [n_layer][n_parts] */
+    long piece;          /* neurons per piece */
+    long per_layer;      /* pieces per layer */
+    part *parts;         /* [n_layer * per_layer][n_parts] */
     size_t slot_bytes;
-    slot slots[2];
-    int last_slot;       /* slot of the layer returned last; -1 before the first */
+    slot slots[FFN_STREAM_SLOTS];
+    int current;         /* slot of the piece returned last, kept intact; -1 before the first */
     pthread_t thread;
     bool started;
-    pthread_mutex_t mu;  /* guards slots' layer/state, req and the totals */
-    pthread_cond_t work; /* caller -> reader: req set, or quit */
-    pthread_cond_t done; /* reader -> caller: a read ended (req back to -1) */
-    int req;             /* slot the reader fills; -1 when the reader is idle */
+    pthread_mutex_t mu;  /* guards slots' piece/state, the queue and the totals */
+    pthread_cond_t work; /* caller -> reader: a slot queued, or quit */
+    pthread_cond_t done; /* reader -> caller: a read ended */
+    int queue[FFN_STREAM_SLOTS]; /* QUEUED slots, read in this order */
+    int queued;
     atomic_bool quit;    /* read without mu between chunks, so close cuts a read short */
     uint64_t bytes;
     double wait_s, read_s;
@@ -80,30 +84,60 @@ static uint64_t file_offset(const model *m, const weight *w) {
     return (uint64_t)((uintptr_t)w->data - (uintptr_t)m->gguf.base);
 }
 
-/* Fills parts ([n_layer][n], or NULL) and returns the slot size: the largest layer's rounded ranges. */
-static size_t layout(const model *m, unsigned which, part *parts) {
-    size_t slot_bytes = 0;
+static bool whole_layers(const model *m, unsigned which) {
+    if (!(which & FFN_STREAM_DOWN)) return false;
+    for (int l = 0; l < m->n_layer; l++)
+        if (!m->layers[l].down_t.data) return true;
+    return false;
+}
+
+long ffn_stream_piece_neurons(const model *m, unsigned which, long step) {
+    if (step < 1 || step >= m->n_ff || whole_layers(m, which)) return m->n_ff;
+    uint64_t per_neuron = 0;
     for (int l = 0; l < m->n_layer; l++) {
-        size_t fields[3], used = 0;
+        size_t fields[3];
         const char *names[3];
         const int n = selected(&m->layers[l], which, fields, names);
-        for (int k = 0; k < n; k++) {
-            const weight *w = field_of(&m->layers[l], fields[k]);
-            const uint64_t off = file_offset(m, w), end = off + weight_bytes(w), start = align_down(off);
-            const part p = {.field = fields[k], .name = names[k], .file_off = start,
-                            .read_len = align_up(end) - start, .need = end - start,
-                            .slot_off = used, .data_off = used + (off - start)};
-            if (parts) parts[l * n + k] = p;
-            used += p.read_len;
-        }
-        if (used > slot_bytes) slot_bytes = used;
+        uint64_t bytes = 0;
+        for (int k = 0; k < n; k++) bytes += field_of(&m->layers[l], fields[k])->row_bytes;
+        if (bytes > per_neuron) per_neuron = bytes;
     }
+    const uint64_t steps = per_neuron ? FFN_STREAM_PIECE_BYTES / (per_neuron * (uint64_t)step) : 1;
+    const long piece = (long)(steps > 0 ? steps : 1) * step;
+    return piece < m->n_ff ? piece : m->n_ff;
+}
+
+/* Fills parts ([n_layer * per_layer][n], or NULL) and returns the slot size: the largest piece's rounded
+ * ranges. A neuron-row tensor's piece is its rows [n0, n1); ffn_down (whole layers only) is all of it. */
+static size_t layout(const model *m, unsigned which, long piece, part *parts) {
+    const long per_layer = (m->n_ff + piece - 1) / piece;
+    size_t slot_bytes = 0;
+    for (int l = 0; l < m->n_layer; l++)
+        for (long i = 0; i < per_layer; i++) {
+            const long n0 = i * piece, n1 = n0 + piece < m->n_ff ? n0 + piece : m->n_ff;
+            size_t fields[3], used = 0;
+            const char *names[3];
+            const int n = selected(&m->layers[l], which, fields, names);
+            for (int k = 0; k < n; k++) {
+                const weight *w = field_of(&m->layers[l], fields[k]);
+                const bool rows = fields[k] != offsetof(layer_weights, down);
+                const uint64_t off = file_offset(m, w) + (rows ? (uint64_t)n0 * w->row_bytes : 0);
+                const uint64_t end = off + (rows ? (uint64_t)(n1 - n0) * w->row_bytes : weight_bytes(w));
+                const uint64_t start = align_down(off);
+                const part p = {.field = fields[k], .name = names[k], .layer = l, .file_off = start,
+                                .read_len = align_up(end) - start, .need = end - start,
+                                .slot_off = used, .data_off = used + (off - start)};
+                if (parts) parts[((size_t)l * (size_t)per_layer + (size_t)i) * (size_t)n + (size_t)k] = p;
+                used += p.read_len;
+            }
+            if (used > slot_bytes) slot_bytes = used;
+        }
     return slot_bytes;
 }
 
-size_t ffn_stream_bytes(const model *m, unsigned which) {
-    if (!(which & FFN_STREAM_ALL) || (which & ~(unsigned)FFN_STREAM_ALL)) return 0;
-    return 2 * layout(m, which, NULL);
+size_t ffn_stream_bytes(const model *m, unsigned which, long step) {
+    if (!(which & FFN_STREAM_ALL) || (which & ~(unsigned)FFN_STREAM_ALL) || step < 1) return 0;
+    return FFN_STREAM_SLOTS * layout(m, which, ffn_stream_piece_neurons(m, which, step), NULL);
 }
 
 /* Never trust a pointer's offset: every selected tensor must lie inside the model's file. */
@@ -168,10 +202,11 @@ static bool fall_back(ffn_stream *s) {
     return true;
 }
 
-/* Reads part p of layer l into dst (its slot position). Short reads continue from
- * the last aligned offset (O_DIRECT needs it); errors and reads that end early are
+/* Reads part p into dst (its slot position). Short reads continue from the
+ * last aligned offset (O_DIRECT needs it); errors and reads that end early are
  * retried FFN_STREAM_RETRIES times. 0, or -1 with err set; *got counts the bytes read. */
-static int read_part(ffn_stream *s, const part *p, int l, uint8_t *dst, uint64_t *got, char *err, size_t errlen) {
+static int read_part(ffn_stream *s, const part *p, uint8_t *dst, uint64_t *got, char *err, size_t errlen) {
+    const int l = p->layer;
     size_t done = 0;
     int failures = 0;
     while (done < p->need) {
@@ -202,10 +237,10 @@ static int read_part(ffn_stream *s, const part *p, int l, uint8_t *dst, uint64_t
     return 0;
 }
 
-static int read_layer(ffn_stream *s, int l, uint8_t *buf, uint64_t *got, char *err, size_t errlen) {
-    const part *parts = &s->parts[(size_t)l * (size_t)s->n_parts];
+static int read_piece(ffn_stream *s, long g, uint8_t *buf, uint64_t *got, char *err, size_t errlen) {
+    const part *parts = &s->parts[(size_t)g * (size_t)s->n_parts];
     for (int k = 0; k < s->n_parts; k++)
-        if (read_part(s, &parts[k], l, buf + parts[k].slot_off, got, err, errlen)) return -1;
+        if (read_part(s, &parts[k], buf + parts[k].slot_off, got, err, errlen)) return -1;
     return 0;
 }
 
@@ -214,52 +249,56 @@ static void *reader_main(void *arg) {
     ffn_stream *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (s->req < 0 && !atomic_load(&s->quit)) pthread_cond_wait(&s->work, &s->mu);
+        while (!s->queued && !atomic_load(&s->quit)) pthread_cond_wait(&s->work, &s->mu);
         if (atomic_load(&s->quit)) break;
-        slot *sl = &s->slots[s->req];
+        slot *sl = &s->slots[s->queue[0]];
+        memmove(s->queue, s->queue + 1, sizeof(int) * (size_t)--s->queued);
         sl->state = SLOT_READING;
-        const int layer = sl->layer;
+        const long piece = sl->piece;
         pthread_mutex_unlock(&s->mu);
 
         const double t0 = clock_seconds();
         uint64_t got = 0;
-        const int rc = read_layer(s, layer, sl->buf, &got, sl->err, sizeof sl->err);
+        const int rc = read_piece(s, piece, sl->buf, &got, sl->err, sizeof sl->err);
         const double dt = clock_seconds() - t0;
 
         pthread_mutex_lock(&s->mu);
         sl->state = rc ? SLOT_FAILED : SLOT_READY;
         s->bytes += got, s->read_s += dt;
-        s->req = -1;
         pthread_cond_broadcast(&s->done);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned which, char *err, size_t errlen) {
+ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned which, long step, char *err,
+                            size_t errlen) {
     if (!(which & FFN_STREAM_ALL) || (which & ~(unsigned)FFN_STREAM_ALL))
         return err_set(err, errlen, "%s: ffn_stream: which = %#x selects no FFN tensor", model_path, which), NULL;
+    if (step < 1) return err_set(err, errlen, "%s: ffn_stream: a piece step of %ld neurons", model_path, step), NULL;
     if (m->n_layer <= 0 || !m->layers) return err_set(err, errlen, "%s: model has no layers", model_path), NULL;
     if (check_ranges(m, model_path, which, err, errlen)) return NULL;
     ffn_stream *s = calloc(1, sizeof *s);
     if (!s) return err_set(err, errlen, "ffn_stream: out of memory"), NULL;
-    s->m = m, s->fd = -1, s->req = -1, s->last_slot = -1;
+    s->m = m, s->fd = -1, s->current = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->done, NULL);
     const char *fail = getenv("PI2_STREAM_FAIL_READS");
     s->fail_reads = fail ? atoi(fail) : 0;
-    for (int i = 0; i < 2; i++) s->slots[i].layer = -1;
+    for (int i = 0; i < FFN_STREAM_SLOTS; i++) s->slots[i].piece = -1;
 
     size_t fields[3];
     const char *names[3];
     s->n_parts = selected(&m->layers[0], which, fields, names);
+    s->piece = ffn_stream_piece_neurons(m, which, step);
+    s->per_layer = (m->n_ff + s->piece - 1) / s->piece;
     s->path = strdup(model_path);
-    s->parts = calloc((size_t)m->n_layer * (size_t)s->n_parts, sizeof *s->parts);
+    s->parts = calloc((size_t)m->n_layer * (size_t)s->per_layer * (size_t)s->n_parts, sizeof *s->parts);
     if (!s->path || !s->parts) goto oom;
-    s->slot_bytes = layout(m, which, s->parts);
+    s->slot_bytes = layout(m, which, s->piece, s->parts);
     if (open_file(s, model_path, err, errlen)) goto fail;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FFN_STREAM_SLOTS; i++)
         if (posix_memalign((void **)&s->slots[i].buf, FFN_STREAM_ALIGN, s->slot_bytes)) goto oom;
     if (pthread_create(&s->thread, NULL, reader_main, s)) {
         err_set(err, errlen, "%s: ffn_stream: cannot start the reader thread", model_path);
@@ -268,58 +307,100 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     s->started = true;
     return s;
 oom:
-    err_set(err, errlen, "%s: ffn_stream: out of memory (two slots of %zu bytes)", model_path, s->slot_bytes);
+    err_set(err, errlen, "%s: ffn_stream: out of memory (%d slots of %zu bytes)", model_path, FFN_STREAM_SLOTS,
+            s->slot_bytes);
 fail:
     ffn_stream_close(s);
     return NULL;
 }
 
-static int find_slot(const ffn_stream *s, int l) {
-    for (int i = 0; i < 2; i++)
-        if (s->slots[i].layer == l && s->slots[i].state != SLOT_EMPTY) return i;
+static int find_slot(const ffn_stream *s, long g) {
+    for (int i = 0; i < FFN_STREAM_SLOTS; i++)
+        if (s->slots[i].piece == g && s->slots[i].state != SLOT_EMPTY) return i;
     return -1;
 }
 
-/* Hands slot k to the reader for layer l, once it is idle (one request at a time). Holds mu. */
-static void request(ffn_stream *s, int k, int l) {
-    while (s->req >= 0) pthread_cond_wait(&s->done, &s->mu);
-    s->slots[k].layer = l, s->slots[k].state = SLOT_QUEUED;
-    s->req = k;
+/* pieces from g to h, in stream order (wrapping after the last) */
+static long ahead_of(const ffn_stream *s, long g, long h) {
+    const long total = (long)s->m->n_layer * s->per_layer;
+    return ((h - g) % total + total) % total;
+}
+
+/* A slot free for piece g or the ones after it: not the caller's current piece, not queued or being read,
+ * and holding nothing (or a failed read, or a piece outside the FFN_STREAM_SLOTS from g). -1 if none;
+ * with evict, the one read furthest ahead of g instead, while any slot is not busy. */
+static int free_slot(const ffn_stream *s, long g, bool evict) {
+    int far = -1;
+    for (int i = 0; i < FFN_STREAM_SLOTS; i++) {
+        const slot *sl = &s->slots[i];
+        if (i == s->current || sl->state == SLOT_QUEUED || sl->state == SLOT_READING) continue;
+        if (sl->state != SLOT_READY || ahead_of(s, g, sl->piece) >= FFN_STREAM_SLOTS) return i;
+        if (far < 0 || ahead_of(s, g, sl->piece) > ahead_of(s, g, s->slots[far].piece)) far = i;
+    }
+    return evict ? far : -1;
+}
+
+/* Queues slot k for piece g: first (what the caller waits for) or after the others. Holds mu. */
+static void request(ffn_stream *s, int k, long g, bool first) {
+    s->slots[k].piece = g, s->slots[k].state = SLOT_QUEUED;
+    if (first) memmove(s->queue + 1, s->queue, sizeof(int) * (size_t)s->queued);
+    s->queue[first ? 0 : s->queued] = k;
+    s->queued++;
     pthread_cond_signal(&s->work);
 }
 
-static void fill_layer(const ffn_stream *s, int l, const uint8_t *buf, layer_weights *out) {
+/* gate, up and down_t of layer l viewing neurons [n0, n1): the streamed ones in buf, the others in m */
+static void fill_piece(const ffn_stream *s, long g, const uint8_t *buf, long n0, long n1, layer_weights *out) {
+    const int l = (int)(g / s->per_layer);
     *out = s->m->layers[l];
-    const part *parts = &s->parts[(size_t)l * (size_t)s->n_parts];
+    weight *rows[3] = {&out->gate, &out->up, &out->down_t};
+    for (int i = 0; i < 3; i++)
+        if (rows[i]->data) {
+            rows[i]->data = (const char *)rows[i]->data + (size_t)n0 * rows[i]->row_bytes;
+            rows[i]->rows = n1 - n0;
+        }
+    const part *parts = &s->parts[(size_t)g * (size_t)s->n_parts];
     for (int k = 0; k < s->n_parts; k++) ((weight *)((char *)out + parts[k].field))->data = buf + parts[k].data_off;
 }
 
-int ffn_stream_layer(ffn_stream *s, int l, int next, layer_weights *out, char *err, size_t errlen) {
+int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1, char *err, size_t errlen) {
     const int n_layer = s->m->n_layer;
-    if (l < 0 || l >= n_layer || next < -1 || next >= n_layer)
-        return err_set(err, errlen, "%s: ffn_stream_layer(%d, next %d): outside the model's %d layers", s->path, l,
-                       next, n_layer), -1;
+    const long n_ff = s->m->n_ff;
+    if (l < 0 || l >= n_layer || n0 < 0 || n0 >= n_ff || n0 % s->piece)
+        return err_set(err, errlen, "%s: ffn_stream_piece(layer %d, neuron %ld): outside the model's %d layers of %ld "
+                       "neurons, or not at a piece of %ld", s->path, l, n0, n_layer, n_ff, s->piece), -1;
+    const long g = (long)l * s->per_layer + n0 / s->piece, total = (long)n_layer * s->per_layer;
     pthread_mutex_lock(&s->mu);
     const double t0 = clock_seconds();
-    int k = find_slot(s, l);
-    if (k < 0) { /* not prefetched: read it into the slot not holding the last layer, which stays intact */
-        k = s->last_slot >= 0 ? s->last_slot ^ 1 : 0;
-        request(s, k, l);
+    int k = find_slot(s, g);
+    while (k < 0) { /* not asked for ahead: read it first, into a slot not holding the current piece */
+        k = free_slot(s, g, true);
+        if (k >= 0) request(s, k, g, true);
+        else pthread_cond_wait(&s->done, &s->mu); /* every other slot queued or being read */
     }
     while (s->slots[k].state == SLOT_QUEUED || s->slots[k].state == SLOT_READING)
         pthread_cond_wait(&s->done, &s->mu);
     int rc = 0;
     if (s->slots[k].state == SLOT_FAILED) {
         err_set(err, errlen, "%s", s->slots[k].err);
-        s->slots[k].state = SLOT_EMPTY, s->slots[k].layer = -1; /* the next ask reads it again */
+        s->slots[k].state = SLOT_EMPTY, s->slots[k].piece = -1; /* the next ask reads it again */
         rc = -1;
     } else {
-        s->last_slot = k;
-        if (next >= 0 && find_slot(s, next) < 0) request(s, k ^ 1, next);
+        s->current = k;
+        for (long i = 1; i < FFN_STREAM_SLOTS && i < total; i++) { /* the pieces after it, into free slots */
+            const long h = (g + i) % total;
+            if (find_slot(s, h) >= 0) continue;
+            const int f = free_slot(s, g, false);
+            if (f < 0) break;
+            request(s, f, h, false);
+        }
     }
     s->wait_s += clock_seconds() - t0;
     pthread_mutex_unlock(&s->mu);
-    if (rc == 0) fill_layer(s, l, s->slots[k].buf, out);
+    if (rc == 0) {
+        *n1 = n0 + s->piece < n_ff ? n0 + s->piece : n_ff;
+        fill_piece(s, g, s->slots[k].buf, n0, *n1, out);
+    }
     return rc;
 }
 
@@ -347,7 +428,7 @@ void ffn_stream_close(ffn_stream *s) {
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
     if (s->fd >= 0) close(s->fd);
-    for (int i = 0; i < 2; i++) free(s->slots[i].buf);
+    for (int i = 0; i < FFN_STREAM_SLOTS; i++) free(s->slots[i].buf);
     free(s->parts);
     free(s->path);
     free(s);

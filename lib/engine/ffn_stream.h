@@ -1,12 +1,20 @@
-/* Streams a model's FFN weights layer by layer from its file, for a dense
- * prefill under a memory budget where the FFN is not resident.
+/* Streams a model's FFN weights from its file, for a dense prefill under a
+ * memory budget where the FFN is not resident.
  *
- * Two staging slots, double-buffered: while the caller computes layer l from
- * one slot, a reader thread reads the next layer into the other with large
- * sequential O_DIRECT reads (buffered reads dropped from the page cache after
- * each read where the file system refuses O_DIRECT). Each selected tensor is
- * read as its byte range rounded out to 4096 (so O_DIRECT offsets, lengths and
- * buffers are aligned); the tensor starts at its offset inside that range.
+ * The unit is a piece: a run of a layer's neurons (their gate, up and down_t
+ * rows, as prompt_ffn_source hands them to the prompt pass), of up to
+ * FFN_STREAM_PIECE_BYTES, so the staging area is a small fraction of a layer
+ * and the memory it would take goes to cached neurons; a file with ffn_down
+ * (its rows are not neurons) streams whole layers. FFN_STREAM_SLOTS staging
+ * slots: while the caller computes one piece from one slot, a reader thread
+ * reads the pieces after it (in layer order, wrapping from the last layer to
+ * the first for the next block of a long prompt) into the others, so that
+ * during a layer's attention, which needs no FFN rows, the reads get ahead;
+ * with large sequential O_DIRECT reads (buffered reads dropped from the page
+ * cache after each read where the file system refuses O_DIRECT). Each
+ * tensor's rows of a piece are read as their byte range rounded out to 4096
+ * (so O_DIRECT offsets, lengths and buffers are aligned); the rows start at
+ * their offset inside that range.
  *
  * One caller thread per stream. The stream reads the file model_path, which
  * must be the file m was loaded from (its size is checked; every tensor range
@@ -30,6 +38,8 @@
 
 #define FFN_STREAM_ALIGN 4096u             /* O_DIRECT alignment of offsets, lengths, buffers */
 #define FFN_STREAM_READ_MAX (8u << 20)     /* bytes per read() */
+#define FFN_STREAM_PIECE_BYTES (16u << 20) /* a piece's rows at most, unless one step of neurons is more */
+#define FFN_STREAM_SLOTS 4                 /* the caller's piece and up to 3 read ahead */
 #define FFN_STREAM_RETRIES 3               /* retries of a failed or short read */
 
 /* Which of a layer's FFN tensors stream (bit flags). */
@@ -44,33 +54,41 @@ typedef struct ffn_stream ffn_stream;
 
 /* Opens model_path (O_DIRECT, else buffered reads with the pages dropped
  * after each read, logged once), checks every selected tensor's range, and
- * allocates the two slots (ffn_stream_bytes) and starts the reader thread.
- * NULL with err set: no tensor selected, a bad file, a range outside it,
- * out of memory. */
-ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned which, char *err, size_t errlen);
+ * allocates the slots (ffn_stream_bytes) and starts the reader thread.
+ * step: pieces hold a multiple of this many neurons (prompt_pass_neuron_step;
+ * n_ff or more: whole layers). NULL with err set: no tensor selected, step <
+ * 1, a bad file, a range outside it, out of memory. */
+ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned which, long step, char *err,
+                            size_t errlen);
 
-/* Bytes ffn_stream_open allocates for m and `which`: two slots, each the
- * largest layer's selected tensors rounded out to 4096. 0 if none selected. */
-size_t ffn_stream_bytes(const model *m, unsigned which);
+/* Neurons per piece for m, `which` and step: the most whole steps whose rows
+ * fit FFN_STREAM_PIECE_BYTES (at least one step), n_ff when ffn_down is
+ * selected or the steps would cover the layer. */
+long ffn_stream_piece_neurons(const model *m, unsigned which, long step);
 
-/* Layer l's selected tensors, read completely: reads l now unless it is
- * already read or being read (then waits for it), then starts reading layer
- * `next` into the other slot (-1: none; normally l + 1, or 0 after the last
- * layer when another block of tokens follows).
+/* Bytes ffn_stream_open allocates for m, `which` and step: FFN_STREAM_SLOTS
+ * slots, each the largest piece's selected rows, every tensor's rounded out
+ * to 4096. 0 if none selected or step < 1. */
+size_t ffn_stream_bytes(const model *m, unsigned which, long step);
+
+/* The piece of layer l that starts at neuron n0 (n0 a multiple of the piece
+ * size), read completely: read now unless it is already read or being read
+ * (then waits for it); then the pieces after it are queued for reading into
+ * the other slots. *n1 = the piece's end, and *out = m->layers[l] with gate, up
+ * and down_t viewing neurons [n0, *n1): `data` at neuron n0's row (in the
+ * slot for the streamed ones, in m's memory for the others) and `rows` = *n1
+ * - n0 (a whole layer's ffn_down as it is). Those pointers stay valid until
+ * the next call: that call keeps them intact while it reads or waits for its
+ * own piece; later reads may reuse their slot. A prompt_ffn_source's piece
+ * function.
  *
- * *out = m->layers[l] with the selected weights' `data` pointing into the
- * slot (everything else, and unselected weights, as in m). Those pointers stay
- * valid until the next call: that call keeps them intact while it reads or
- * waits for its own layer, and overwrites them only once it starts reading
- * its `next` into their slot (a call with next = -1 leaves them intact).
- *
- * 0, or -1 with err set (a bad l or next, or the read failed; a failed read
- * of a prefetched layer is reported by the call that asks for it, and a
- * later call reads it again). */
-int ffn_stream_layer(ffn_stream *s, int l, int next, layer_weights *out, char *err, size_t errlen);
+ * 0, or -1 with err set (a bad l or n0, or the read failed; a failed read of
+ * a prefetched piece is reported by the call that asks for it, and a later
+ * call reads it again). */
+int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1, char *err, size_t errlen);
 
 /* Totals so far: bytes read from the file, seconds the caller waited inside
- * ffn_stream_layer, seconds the reader spent reading. Any may be NULL. */
+ * ffn_stream_piece, seconds the reader spent reading. Any may be NULL. */
 void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, double *wait_s, double *read_s);
 
 /* Reads bypass the page cache (O_DIRECT); false after the fallback. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -231,6 +232,16 @@ int model_load_resident(model *m, const char *path, char *err, size_t errlen) {
     m->resident = buf;
     m->resident_bytes = mapped;
     return read_model(m, &L);
+}
+
+int model_release_file_pages(const model *m, const char *path) {
+    if (m->gguf.mapped) madvise((void *)m->gguf.base, m->gguf.size, MADV_DONTNEED);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    if (rc) errno = rc;
+    return rc ? -1 : 0;
 }
 
 void model_free(model *m) {

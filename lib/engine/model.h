@@ -79,6 +79,14 @@ int model_load(model *m, const char *path, char *err, size_t errlen);
  * for the whole file; takes about as long as reading it. */
 int model_load_resident(model *m, const char *path, char *err, size_t errlen);
 void model_free(model *m);
+/* Lets go of the file pages this process read through m's mapping (the
+ * mapping stays valid: a later read faults its page in again) and asks the
+ * kernel to drop the file's cached pages that no process maps: under a memory
+ * cgroup they count against the budget, and a cgroup kept at its limit by
+ * clean pages reclaims on every allocation. path: the file m was loaded
+ * from. Returns 0, or -1 with errno when the file cannot be opened or
+ * advised (nothing is undone: a failure only leaves pages cached). */
+int model_release_file_pages(const model *m, const char *path);
 /* Total bytes of the weights read by one dense decode token. */
 uint64_t model_bytes_per_token(const model *m);
 /* The FFN's share of it: every layer's gate, up and down (or down_t) rows. */

@@ -21,8 +21,7 @@ struct prompt_pass {
     uint16_t *q16;   /* [n_embd] */
     float *rope_cs;  /* [head_dim]: rope_angles at the token's position, the same in every layer */
     float *att;      /* attention output, [n_embd] */
-    float *gate, *up; /* [n_ff] */
-    float *hb;       /* FFN activations, [n_ff] */
+    float *gate, *up; /* [n_ff]; the activation is written over gate */
     float *proj;     /* Wo / down result before the residual add, [n_embd] */
     act_vec *in;     /* [max_tok] conversions, each up to `wide` elements */
     uint16_t *in_f16;
@@ -136,16 +135,39 @@ static void product_one(prompt_pass *p, int n_tok, const weight *w, float *out, 
  * L2 while every token's firing neurons among them are summed. */
 #define DOWN_T_CHUNK_BYTES (512u << 10)
 
+/* neurons per down_t chunk: a whole number of GEMM_TILE, so that a piece of
+ * neurons starting at a chunk also starts at a re-laid tile of gate and up */
+static long down_t_chunk(const weight *dt) {
+    const long tiles = (long)(DOWN_T_CHUNK_BYTES / dt->row_bytes) / GEMM_TILE;
+    return (tiles > 0 ? tiles : 1) * GEMM_TILE;
+}
+
+long prompt_pass_neuron_step(const model *m) {
+    if (m->act == FFN_SILU) return m->n_ff; /* pieces are for ReLU files, whose activation is plain arithmetic */
+    long step = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        if (w->down.data || !w->down_t.data) return m->n_ff; /* ffn_down's rows are not neurons */
+        const long chunk = down_t_chunk(&w->down_t);
+        if (step && chunk != step) return m->n_ff;
+        step = chunk;
+    }
+    return step > 0 && step < m->n_ff ? step : m->n_ff;
+}
+
 typedef struct {
     prompt_pass *p;
-    const weight *dt;
+    const weight *dt; /* down_t rows of neurons [n0, n1): row 0 is neuron n0 */
+    long n0, n1;
     int n_tok;
 } down_t_job;
 
-/* proj[t] = sum over neurons i with hb[t][i] != 0 of hb[t][i] * down_t row i:
- * the sparse axpy of decode, each token's neurons in ascending order, chunk
- * after chunk. A ReLU token's zero activations cost nothing; the tokens are
- * shared out, so every token's bits are the same for any thread count. */
+/* proj[t] += sum over neurons i in [n0, n1) with h[t][i] != 0 of h[t][i] *
+ * down_t row i (h: the activations, in p->gate): the sparse axpy of decode,
+ * each token's neurons in ascending order, chunk after chunk, the chunks
+ * counted from neuron 0 whatever piece holds them. A ReLU token's zero
+ * activations cost nothing; the tokens are shared out, so every token's bits
+ * are the same for any thread count. The first piece (n0 = 0) starts proj. */
 static void down_t_worker(void *ctx, int ith, int nth) {
     const down_t_job *j = ctx;
     prompt_pass *p = j->p;
@@ -156,17 +178,17 @@ static void down_t_worker(void *ctx, int ith, int nth) {
     float *h = p->fired_h + (size_t)ith * (size_t)nf;
     long t0, t1;
     pool_split(j->n_tok, ith, nth, &t0, &t1);
-    for (long t = t0; t < t1; t++) memset(row_of(p->proj, (int)t, ne), 0, sizeof(float) * (size_t)ne);
-    long chunk = (long)(DOWN_T_CHUNK_BYTES / dt->row_bytes);
-    if (chunk < 1) chunk = 1;
-    for (long c0 = 0; c0 < nf; c0 += chunk) {
-        const long c1 = c0 + chunk < nf ? c0 + chunk : nf;
-        const char *rows = (const char *)dt->data + (size_t)c0 * dt->row_bytes;
+    if (j->n0 == 0)
+        for (long t = t0; t < t1; t++) memset(row_of(p->proj, (int)t, ne), 0, sizeof(float) * (size_t)ne);
+    const long chunk = down_t_chunk(dt);
+    for (long c0 = j->n0; c0 < j->n1; c0 += chunk) {
+        const long c1 = c0 + chunk < j->n1 ? c0 + chunk : j->n1;
+        const char *rows = (const char *)dt->data + (size_t)(c0 - j->n0) * dt->row_bytes;
         for (long t = t0; t < t1; t++) {
-            const float *hb = row_of(p->hb, (int)t, nf);
+            const float *act = row_of(p->gate, (int)t, nf);
             int n = 0;
             for (long i = c0; i < c1; i++)
-                if (hb[i] != 0.0f) idx[n] = (int32_t)(i - c0), h[n++] = hb[i];
+                if (act[i] != 0.0f) idx[n] = (int32_t)(i - c0), h[n++] = act[i];
             axpy(rows, dt->row_bytes, idx, h, n, row_of(p->proj, (int)t, ne), ne, NULL);
         }
     }
@@ -180,9 +202,9 @@ typedef enum {
     TOK_WO_IN,      /* convert attention output for Wo */
     TOK_ATTN_ADD,   /* x += Wo . att */
     TOK_FFN_IN,     /* rmsnorm + convert for gate/up */
-    TOK_FFN_ACT,    /* hb = act(gate) * up */
-    TOK_DOWN_IN,    /* convert hb for down */
-    TOK_FFN_ADD,    /* x += down . hb */
+    TOK_FFN_ACT,    /* gate = act(gate) * up, for neurons [n0, n1) */
+    TOK_DOWN_IN,    /* convert the activations for down */
+    TOK_FFN_ADD,    /* x += down . activations */
 } token_step;
 
 typedef struct {
@@ -190,6 +212,7 @@ typedef struct {
     token_step step;
     int layer, n_tok, first;
     kv_layer kv;
+    long n0, n1; /* TOK_FFN_ACT's neurons */
 } token_job;
 
 /* convert x for the weights ws; a token packed for the prefill product too when one of them takes it */
@@ -241,17 +264,18 @@ static void token_one(const token_job *j, int t) {
         convert(p, t, xb, ne, ws, 2);
         break;
     }
-    case TOK_FFN_ACT: {
-        const float *g = row_of(p->gate, t, m->n_ff), *u = row_of(p->up, t, m->n_ff);
-        float *h = row_of(p->hb, t, m->n_ff);
-        if (m->act == FFN_SILU) p->k->silu_mul(h, g, u, m->n_ff);
+    case TOK_FFN_ACT: { /* element by element, so in place */
+        float *g = row_of(p->gate, t, m->n_ff) + j->n0;
+        const float *u = row_of(p->up, t, m->n_ff) + j->n0;
+        const int count = (int)(j->n1 - j->n0);
+        if (m->act == FFN_SILU) p->k->silu_mul(g, g, u, count);
         else
-            for (int i = 0; i < m->n_ff; i++) h[i] = ffn_act_relu(m->act, g[i], u[i]);
+            for (int i = 0; i < count; i++) g[i] = ffn_act_relu(m->act, g[i], u[i]);
         break;
     }
     case TOK_DOWN_IN: {
         const weight *ws[1] = {&w->down};
-        convert(p, t, row_of(p->hb, t, m->n_ff), m->n_ff, ws, 1);
+        convert(p, t, row_of(p->gate, t, m->n_ff), m->n_ff, ws, 1);
         break;
     }
     }
@@ -301,11 +325,46 @@ static void attention_worker(void *ctx, int ith, int nth) {
 
 /* ---- the pass ---- */
 
-static void layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv) {
+/* Neurons [n0, *n1) of layer l's FFN as rows from neuron n0: from the
+ * caller's source, else the model's whole layer. Nonzero: abandon the run. */
+static int ffn_piece(const model *m, int l, long n0, const prompt_ffn_source *src, layer_weights *piece, long *n1) {
+    if (src) return src->piece(src->ctx, l, n0, piece, n1);
+    *piece = m->layers[l];
+    *n1 = m->n_ff;
+    return 0;
+}
+
+/* The FFN: gate and up, the activation, then down, a piece of neurons at a
+ * time; the pieces do not change the bits (prompt_pass_neuron_step). */
+static int ffn_pass(prompt_pass *p, const token_job *j, const prompt_ffn_source *src) {
+    const model *m = p->m;
+    const int l = j->layer, n = j->n_tok, ne = m->n_embd, nf = m->n_ff;
+    per_token(p, TOK_FFN_IN, j, ne);
+    long n1 = 0;
+    for (long n0 = 0; n0 < nf; n0 = n1) {
+        layer_weights w;
+        if (ffn_piece(m, l, n0, src, &w, &n1)) return -1;
+        product(p, n, 2, &w.gate, p->gate + n0, nf, &w.up, p->up + n0, nf, NULL, NULL, 0);
+        token_job act = *j;
+        act.n0 = n0, act.n1 = n1;
+        per_token(p, TOK_FFN_ACT, &act, 0);
+        if (w.down.data) { /* a whole layer (prompt_pass_neuron_step) */
+            per_token(p, TOK_DOWN_IN, j, nf);
+            product_one(p, n, &w.down, p->proj, ne);
+        } else {
+            down_t_job dj = {p, &w.down_t, n0, n1, n};
+            pool_run(p->pool, down_t_worker, &dj);
+        }
+    }
+    per_token(p, TOK_FFN_ADD, j, 0);
+    return 0;
+}
+
+static int layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv, const prompt_ffn_source *src) {
     const model *m = p->m;
     const layer_weights *w = &m->layers[l];
-    const int ne = m->n_embd, kvd = p->kv_dim, nf = m->n_ff;
-    const token_job j = {p, TOK_ATTN_IN, l, n, first, kv};
+    const int ne = m->n_embd, kvd = p->kv_dim;
+    const token_job j = {p, TOK_ATTN_IN, l, n, first, kv, 0, 0};
     per_token(p, TOK_ATTN_IN, &j, ne);
     product(p, n, 3, &w->wq, p->q, ne, &w->wk, p->kk, kvd, &w->wv, p->vv, kvd);
     per_token(p, TOK_ROPE_STORE, &j, 0);
@@ -314,21 +373,11 @@ static void layer_pass(prompt_pass *p, int l, int n, int first, kv_layer kv) {
     per_token(p, TOK_WO_IN, &j, ne);
     product_one(p, n, &w->wo, p->proj, ne);
     per_token(p, TOK_ATTN_ADD, &j, 0);
-    per_token(p, TOK_FFN_IN, &j, ne);
-    product(p, n, 2, &w->gate, p->gate, nf, &w->up, p->up, nf, NULL, NULL, 0);
-    per_token(p, TOK_FFN_ACT, &j, 0);
-    if (w->down.data) {
-        per_token(p, TOK_DOWN_IN, &j, nf);
-        product_one(p, n, &w->down, p->proj, ne);
-    } else {
-        down_t_job dj = {p, &w->down_t, n};
-        pool_run(p->pool, down_t_worker, &dj);
-    }
-    per_token(p, TOK_FFN_ADD, &j, 0);
+    return ffn_pass(p, &j, src);
 }
 
 int prompt_pass_run(prompt_pass *p, const int32_t *tokens, int n, int first, prompt_kv_fn kv, void *kv_ctx,
-                    prompt_step_fn step, void *step_ctx) {
+                    prompt_step_fn step, void *step_ctx, const prompt_ffn_source *ffn) {
     const model *m = p->m;
     for (int t = 0; t < n; t++) {
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
@@ -337,7 +386,7 @@ int prompt_pass_run(prompt_pass *p, const int32_t *tokens, int n, int first, pro
     }
     for (int l = 0; l < m->n_layer; l++) {
         if (step && step(step_ctx, l)) return -1;
-        layer_pass(p, l, n, first, kv(kv_ctx, l));
+        if (layer_pass(p, l, n, first, kv(kv_ctx, l), ffn)) return -1;
     }
     return step && step(step_ctx, m->n_layer) ? -1 : 0;
 }
@@ -374,7 +423,7 @@ static pass_dims dims_of(const model *m, int max_tok, int n_ctx, int n_threads) 
  * allocates them, prompt_pass_free frees them, prompt_pass_bytes adds them up. */
 #define PASS_BUFFERS(X)                                                                                                \
     X(x, d.T * d.ne) X(xb, d.T * d.ne) X(q, d.T * d.ne) X(kk, d.T * d.kvd) X(vv, d.T * d.kvd) X(q16, d.T * d.ne)     \
-    X(rope_cs, d.T * d.hd) X(att, d.T * d.ne) X(gate, d.T * d.nf) X(up, d.T * d.nf) X(hb, d.T * d.nf)                \
+    X(rope_cs, d.T * d.hd) X(att, d.T * d.ne) X(gate, d.T * d.nf) X(up, d.T * d.nf)                \
     X(proj, d.T * d.ne) X(in, d.T) X(in_f16, d.T * d.wide) X(in_q8, d.T * d.q8_blocks) X(scores, d.nth * d.att)     \
     X(probs16, d.nth * d.att) X(logits_in, d.ne) X(scratch, d.nth) X(fired, d.nth * d.nf)                         \
     X(fired_h, d.nth * d.nf) X(x32, d.T) X(x16, d.T)

@@ -54,6 +54,7 @@ static int check_memory(const Pi2__Plan *p, const char *path, char *err, size_t 
     }
     if (p->floor_bytes == 0 || p->floor_bytes > p->budget_bytes)
         return bad(err, errlen, path, "floor_bytes", "is 0 or above budget_bytes");
+    if (p->max_prefill > PLAN_MAX_PREFILL) return bad(err, errlen, path, "max_prefill", "is above 65536");
     const long n_bundles = plan_bundles_per_layer(p->n_ff, p->per_bundle);
     uint64_t hot = 0;
     for (size_t l = 0; l < p->n_hot_bundles; l++) {

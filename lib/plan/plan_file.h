@@ -18,6 +18,7 @@
 #define PLAN_VERSION 1
 #define PLAN_MAGIC "PI2PLAN1"
 #define PLAN_MAX_FILE_BYTES (16u << 20) /* a plan is a few KiB; refuse anything absurd before reading it */
+#define PLAN_MAX_PREFILL 65536          /* max_prefill at most (the stack config's max-prefill range) */
 
 /* Reads and validates path; with m (may be NULL) also that it was made for
  * m's file (model_path names it in messages). The plan is freed with

@@ -24,6 +24,9 @@
 #define STACK_SEG_ACT "act"         /* region "act" */
 #define STACK_SEG_CTL "ctl"         /* region "ctl": a stack_ctl */
 
+/* max_prefill when neither the stack config nor a plan sets it */
+#define STACK_DEFAULT_MAX_PREFILL 512
+
 /* Fixed for the lifetime of a stack (pi2 up ... pi2 down). */
 typedef struct {
     int32_t n_ctx;          /* KV cache positions */

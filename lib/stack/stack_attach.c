@@ -1,5 +1,6 @@
 #include "stack/stack_attach.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -129,6 +130,9 @@ int stack_view_open(stack_view *s, const stack_view_spec *spec) {
         log_error("a tensor of %s lies outside the weights segment", model_path);
         goto fail;
     }
+    /* under a budget the page cache counts against it: what opening read of the file (the plan's checks) */
+    if (s->budgeted && model_release_file_pages(&s->m, model_path))
+        log_warn("%s: cannot drop its pages from the page cache: %s", model_path, strerror(errno));
     return 0;
 fail:
     stack_view_close(s);
