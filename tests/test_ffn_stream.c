@@ -145,7 +145,7 @@ static void check_random(const char *name, const model *m, ffn_stream *s, unsign
 }
 
 /* the pieces of `which` with step: whole steps within FFN_STREAM_PIECE_BYTES (or one step), whole layers with
- * ffn_down; each of the FFN_STREAM_SLOTS slots holds the largest piece */
+ * ffn_down; FFN_STREAM_SLOTS slots for pieces, 2 for whole layers, each holding the largest piece */
 static long check_piece_size(const char *name, const model *m, unsigned which, long step) {
     const long piece = ffn_stream_piece_neurons(m, which, step);
     const bool has_down = (which & FFN_STREAM_DOWN) && !m->layers[0].down_t.data;
@@ -161,8 +161,10 @@ static long check_piece_size(const char *name, const model *m, unsigned which, l
                               (piece == m->n_ff || (uint64_t)(piece + step) * row > most); /* the most that fit */
     const size_t bytes = ffn_stream_bytes(m, which, step);
     const uint64_t piece_rows = has_down ? pass_bytes(m, which) / (uint64_t)m->n_layer : (uint64_t)piece * row;
-    const size_t slot = bytes / FFN_STREAM_SLOTS;
-    CHECK(ok && bytes % FFN_STREAM_SLOTS == 0 && slot % 4096 == 0 && slot >= piece_rows && slot < piece_rows + 3 * 8192,
+    const int slots = ffn_stream_slots(m, which, step);
+    const size_t slot = bytes / (size_t)slots;
+    CHECK(ok && slots == (piece < m->n_ff ? FFN_STREAM_SLOTS : 2) && bytes % (size_t)slots == 0 && slot % 4096 == 0 &&
+              slot >= piece_rows && slot < piece_rows + 3 * 8192,
           "%s which %u step %ld: %ld neurons a piece, ffn_stream_bytes %zu", name, which, step, piece, bytes);
     return piece;
 }

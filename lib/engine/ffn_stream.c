@@ -48,6 +48,7 @@ struct ffn_stream {
     part *parts;         /* [n_layer * per_layer][n_parts] */
     size_t slot_bytes;
     slot slots[FFN_STREAM_SLOTS];
+    int n_slots;         /* ffn_stream_slots */
     int current;         /* slot of the piece returned last, kept intact; -1 before the first */
     pthread_t thread;
     bool started;
@@ -135,9 +136,13 @@ static size_t layout(const model *m, unsigned which, long piece, part *parts) {
     return slot_bytes;
 }
 
+int ffn_stream_slots(const model *m, unsigned which, long step) {
+    return ffn_stream_piece_neurons(m, which, step) < m->n_ff ? FFN_STREAM_SLOTS : 2;
+}
+
 size_t ffn_stream_bytes(const model *m, unsigned which, long step) {
     if (!(which & FFN_STREAM_ALL) || (which & ~(unsigned)FFN_STREAM_ALL) || step < 1) return 0;
-    return FFN_STREAM_SLOTS * layout(m, which, ffn_stream_piece_neurons(m, which, step), NULL);
+    return (size_t)ffn_stream_slots(m, which, step) * layout(m, which, ffn_stream_piece_neurons(m, which, step), NULL);
 }
 
 /* Never trust a pointer's offset: every selected tensor must lie inside the model's file. */
@@ -287,6 +292,7 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     const char *fail = getenv("PI2_STREAM_FAIL_READS");
     s->fail_reads = fail ? atoi(fail) : 0;
     for (int i = 0; i < FFN_STREAM_SLOTS; i++) s->slots[i].piece = -1;
+    s->n_slots = ffn_stream_slots(m, which, step);
 
     size_t fields[3];
     const char *names[3];
@@ -298,7 +304,7 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     if (!s->path || !s->parts) goto oom;
     s->slot_bytes = layout(m, which, s->piece, s->parts);
     if (open_file(s, model_path, err, errlen)) goto fail;
-    for (int i = 0; i < FFN_STREAM_SLOTS; i++)
+    for (int i = 0; i < s->n_slots; i++)
         if (posix_memalign((void **)&s->slots[i].buf, FFN_STREAM_ALIGN, s->slot_bytes)) goto oom;
     if (pthread_create(&s->thread, NULL, reader_main, s)) {
         err_set(err, errlen, "%s: ffn_stream: cannot start the reader thread", model_path);
@@ -307,7 +313,7 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     s->started = true;
     return s;
 oom:
-    err_set(err, errlen, "%s: ffn_stream: out of memory (%d slots of %zu bytes)", model_path, FFN_STREAM_SLOTS,
+    err_set(err, errlen, "%s: ffn_stream: out of memory (%d slots of %zu bytes)", model_path, s->n_slots,
             s->slot_bytes);
 fail:
     ffn_stream_close(s);
@@ -315,7 +321,7 @@ fail:
 }
 
 static int find_slot(const ffn_stream *s, long g) {
-    for (int i = 0; i < FFN_STREAM_SLOTS; i++)
+    for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].piece == g && s->slots[i].state != SLOT_EMPTY) return i;
     return -1;
 }
@@ -327,14 +333,14 @@ static long ahead_of(const ffn_stream *s, long g, long h) {
 }
 
 /* A slot free for piece g or the ones after it: not the caller's current piece, not queued or being read,
- * and holding nothing (or a failed read, or a piece outside the FFN_STREAM_SLOTS from g). -1 if none;
+ * and holding nothing (or a failed read, or a piece outside the n_slots from g). -1 if none;
  * with evict, the one read furthest ahead of g instead, while any slot is not busy. */
 static int free_slot(const ffn_stream *s, long g, bool evict) {
     int far = -1;
-    for (int i = 0; i < FFN_STREAM_SLOTS; i++) {
+    for (int i = 0; i < s->n_slots; i++) {
         const slot *sl = &s->slots[i];
         if (i == s->current || sl->state == SLOT_QUEUED || sl->state == SLOT_READING) continue;
-        if (sl->state != SLOT_READY || ahead_of(s, g, sl->piece) >= FFN_STREAM_SLOTS) return i;
+        if (sl->state != SLOT_READY || ahead_of(s, g, sl->piece) >= s->n_slots) return i;
         if (far < 0 || ahead_of(s, g, sl->piece) > ahead_of(s, g, s->slots[far].piece)) far = i;
     }
     return evict ? far : -1;
@@ -387,7 +393,7 @@ int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1
         rc = -1;
     } else {
         s->current = k;
-        for (long i = 1; i < FFN_STREAM_SLOTS && i < total; i++) { /* the pieces after it, into free slots */
+        for (long i = 1; i < s->n_slots && i < total; i++) { /* the pieces after it, into free slots */
             const long h = (g + i) % total;
             if (find_slot(s, h) >= 0) continue;
             const int f = free_slot(s, g, false);
@@ -428,7 +434,7 @@ void ffn_stream_close(ffn_stream *s) {
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
     if (s->fd >= 0) close(s->fd);
-    for (int i = 0; i < FFN_STREAM_SLOTS; i++) free(s->slots[i].buf);
+    for (int i = 0; i < s->n_slots; i++) free(s->slots[i].buf);
     free(s->parts);
     free(s->path);
     free(s);

@@ -6,7 +6,8 @@
  * FFN_STREAM_PIECE_BYTES, so the staging area is a small fraction of a layer
  * and the memory it would take goes to cached neurons; a file with ffn_down
  * (its rows are not neurons) streams whole layers. FFN_STREAM_SLOTS staging
- * slots: while the caller computes one piece from one slot, a reader thread
+ * slots (two for whole layers: one is read while the caller computes the
+ * other): while the caller computes one piece from one slot, a reader thread
  * reads the pieces after it (in layer order, wrapping from the last layer to
  * the first for the next block of a long prompt) into the others, so that
  * during a layer's attention, which needs no FFN rows, the reads get ahead;
@@ -38,8 +39,8 @@
 
 #define FFN_STREAM_ALIGN 4096u             /* O_DIRECT alignment of offsets, lengths, buffers */
 #define FFN_STREAM_READ_MAX (8u << 20)     /* bytes per read() */
-#define FFN_STREAM_PIECE_BYTES (16u << 20) /* a piece's rows at most, unless one step of neurons is more */
-#define FFN_STREAM_SLOTS 4                 /* the caller's piece and up to 3 read ahead */
+#define FFN_STREAM_PIECE_BYTES (8u << 20)  /* a piece's rows at most, unless one step of neurons is more */
+#define FFN_STREAM_SLOTS 5                 /* the caller's piece and up to 4 read ahead */
 #define FFN_STREAM_RETRIES 3               /* retries of a failed or short read */
 
 /* Which of a layer's FFN tensors stream (bit flags). */
@@ -66,7 +67,11 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
  * selected or the steps would cover the layer. */
 long ffn_stream_piece_neurons(const model *m, unsigned which, long step);
 
-/* Bytes ffn_stream_open allocates for m, `which` and step: FFN_STREAM_SLOTS
+/* Staging slots for m, `which` and step: FFN_STREAM_SLOTS for pieces, 2 for
+ * whole layers. */
+int ffn_stream_slots(const model *m, unsigned which, long step);
+
+/* Bytes ffn_stream_open allocates for m, `which` and step: ffn_stream_slots
  * slots, each the largest piece's selected rows, every tensor's rounded out
  * to 4096. 0 if none selected or step < 1. */
 size_t ffn_stream_bytes(const model *m, unsigned which, long step);
