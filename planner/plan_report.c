@@ -31,7 +31,7 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
     for (size_t l = 0; l < p->n_hot_bundles; l++) hot += p->hot_bundles[l];
     fprintf(out, "  hot          %9.1f MiB  %llu of %llu bundles pinned (%.1f %%)\n", mib(p->hot_bytes),
             (unsigned long long)hot, (unsigned long long)total, total ? 100.0 * (double)hot / (double)total : 0);
-    fprintf(out, "  cold cache   %9.1f MiB  %u slots, LRU\n", mib(p->cold_bytes), p->cold_slots);
+    fprintf(out, "  cold cache   %9.1f MiB  %u slots, CLOCK\n", mib(p->cold_bytes), p->cold_slots);
     fprintf(out, "hot bundles per layer:");
     for (size_t l = 0; l < p->n_hot_bundles; l++) fprintf(out, "%s%u", l % 16 ? " " : "\n  ", p->hot_bundles[l]);
     fprintf(out, "\nbundle file    %s: %u neuron%s per bundle, %llu bytes each\n", p->bundle_file, p->per_bundle,

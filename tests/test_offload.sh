@@ -15,6 +15,8 @@
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
 #   - the plan's prompt step is the stack's when its config sets none, and a
 #     config asking for more is refused;
+#   - a GGUF file (ffn_down: the prompt streams whole layers) in gate-first mode
+#     at 80 % in its cap gives the unbudgeted gate-first text;
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
 #     file, never with other text;
@@ -229,6 +231,38 @@ st=$?
 check "max-prefill above the plan's is refused, naming both" $?
 no_leftovers "$RM2"
 check "... and starts nothing" $?
+
+# a GGUF file (ffn_down: the prompt streams whole layers) in gate-first mode at 80 % (every gate row
+# preloaded puts its floor near 70 %): the unbudgeted gate-first stack's text, nothing killed
+GG=$TMP/m.gguf
+"$BIN/mkmodel" -o "$GG" --preset small --dim 1024 --ff 16384 --layers 16 --heads 16 --kv-heads 4 --vocab 512 \
+    --ctx 128 --act relu --seed 5 >/dev/null 2>&1
+new_run RG
+"$PI2" up -r "$RG" -c "$TMP/off.conf" -m "$GG" --ffn gate-first >/dev/null 2>&1 && generate "$RG" "$TMP/ref-gg.txt"
+check "the unbudgeted GGUF stack generates (gate-first)" $?
+"$PI2" down -r "$RG" >/dev/null 2>&1
+gmib=$(($(stat -c %s "$GG") * 80 / 100 / 1048576))
+"$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$GG" --mem-budget "${gmib}M" \
+    -o "$TMP/plan-gg" >/dev/null 2>"$TMP/plan-gg.err"
+check "pi2 plan of the GGUF file at 80 % (${gmib} MiB, gate-first)" $?
+new_run RG2
+cg=""
+if ((can_cap)); then
+    cg=$CG_ROOT/pi2-$RG2
+    mkdir "$cg" && echo $((gmib << 20)) >"$cg/memory.limit_in_bytes"
+    sync && echo 3 >/proc/sys/vm/drop_caches
+fi
+in_cg "$cg" "$PI2" up -r "$RG2" -c "$TMP/off.conf" -m "$GG" --plan "$TMP/plan-gg" >/dev/null 2>&1 &&
+    generate "$RG2" "$TMP/out-gg.txt" "$cg" && cmp -s "$TMP/ref-gg.txt" "$TMP/out-gg.txt"
+check "the GGUF file at 80 % (gate-first, whole layers streamed) gives the unbudgeted text" $?
+grep -q "staging, 16384 neurons at a time" "$("$PI2" rundir -r "$RG2")/logs/npu-worker.log"
+check "... its npu-worker streams whole layers (16384 neurons at a time)" $?
+if [ -n "$cg" ]; then
+    [ "$(awk '/^oom_kill / { print $2 }' "$cg/memory.oom_control")" = 0 ]
+    check "... nothing killed for memory under the ${gmib} MiB cap" $?
+fi
+"$PI2" down -r "$RG2" >/dev/null 2>&1
+[ -n "$cg" ] && rmdir "$cg" 2>/dev/null
 
 # the caps' cgroups (their processes are gone with the runs)
 for cg in "$CG_ROOT"/pi2-"$RUN_BASE"-*; do if [ -d "$cg" ]; then rmdir "$cg"; fi; done
