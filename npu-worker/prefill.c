@@ -90,7 +90,7 @@ prefiller *prefiller_new(stack_view *sv, int n_threads) {
         return NULL;
     }
     if (sv->budgeted) { /* gate-first keeps every gate row in memory */
-        unsigned which = FFN_STREAM_UP | FFN_STREAM_DOWN | (sv->off.mode == FFN_GATE_FIRST ? 0 : FFN_STREAM_GATE);
+        const unsigned which = ffn_stream_prefill_which(sv->off.mode);
         const long step = prompt_pass_neuron_step(&sv->m);
         if (!(p->stream = ffn_stream_open(&sv->m, sv->ctl->model_path, which, step, p->error, sizeof p->error))) {
             log_error("%s", p->error);

@@ -57,9 +57,8 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     f->guess_split_bytes = predicts ? (double)predictor - stage1 : 0;
     f->process = (uint64_t)(in->n_processes + 1) * PROCESS_BYTES_EACH + STACK_SHARED_BYTES +
                  prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
-    /* the npu-worker's staging slots (npu-worker/prefill.c); in gate-first the gate rows are preloaded */
-    const unsigned streamed = FFN_STREAM_UP | FFN_STREAM_DOWN | (predicts ? FFN_STREAM_GATE : 0);
-    f->staging = ffn_stream_bytes(m, streamed, prompt_pass_neuron_step(m));
+    /* the npu-worker's staging slots (npu-worker/prefill.c) */
+    f->staging = ffn_stream_bytes(m, ffn_stream_prefill_which(in->mode), prompt_pass_neuron_step(m));
 }
 
 uint64_t layout_stride(const layout_fixed *f, int per_bundle) {

@@ -47,10 +47,9 @@ typedef struct {
     char **extra_prompts;
     int n_extra;
     layout_inputs in;    /* at the largest prefill step weighed */
-    layout_fixed fixed;
     int n_prefill;       /* prefill steps weighed: the config's, or prefill_choice's */
     layout_inputs prefill_in[PREFILL_CHOICES];
-    layout_fixed prefill_fixed[PREFILL_CHOICES];
+    layout_fixed prefill_fixed[PREFILL_CHOICES]; /* [0]: at the largest step, pl->in's */
     bundle_order orders[N_CHOICES];
 } planning;
 
@@ -246,10 +245,10 @@ static uint64_t all_resident_budget(const planning *pl) {
     uint64_t least = UINT64_MAX;
     for (int c = 0; c < N_CHOICES; c++) {
         const uint64_t ffn = (uint64_t)pl->m.n_layer * (uint64_t)pl->orders[c].n_bundles *
-                             layout_stride(&pl->fixed, pl->orders[c].per_bundle);
+                             layout_stride(&pl->prefill_fixed[0], pl->orders[c].per_bundle);
         if (ffn < least) least = ffn;
     }
-    return pl->fixed.preload + pl->fixed.process + least;
+    return pl->prefill_fixed[0].preload + pl->prefill_fixed[0].process + least;
 }
 
 /* the smallest budget (to a MiB) predicted to reach the target */
@@ -380,10 +379,10 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     plan.ctx = (uint32_t)o->ctx;
     plan.budget_bytes = lay->budget;
     plan.floor_bytes = floor < lay->budget ? floor : lay->budget;
-    plan.preload_bytes = pl->fixed.preload;
+    plan.preload_bytes = pl->prefill_fixed[0].preload;
     plan.process_bytes = lay->process;
     plan.max_prefill = (uint32_t)lay->max_prefill;
-    plan.staging_bytes = lay->all_resident ? 0 : pl->fixed.staging;
+    plan.staging_bytes = lay->all_resident ? 0 : pl->prefill_fixed[0].staging;
     plan.hot_bytes = hot_total * lay->stride;
     plan.cold_bytes = (uint64_t)lay->cold_slots * lay->stride;
     plan.n_hot_bundles = (size_t)n_layer;
@@ -500,7 +499,6 @@ static int plan_steps(planning *pl) {
                              .io_shares_compute = pl->conf.io_shares_compute,
                              .checksums = pl->conf.checksums,
                              .hw = &pl->hw};
-    layout_fixed_of(&pl->in, &pl->fixed);
     pl->n_prefill = pl->conf.max_prefill_set ? 1 : PREFILL_CHOICES;
     for (int p = 0; p < pl->n_prefill; p++) {
         pl->prefill_in[p] = pl->in;

@@ -61,12 +61,7 @@ static int model_piece(void *ctx, int l, long n0, layer_weights *out, long *n1) 
     piece_source *ps = ctx;
     *out = ps->m->layers[l];
     *n1 = n0 + ps->piece < ps->m->n_ff ? n0 + ps->piece : ps->m->n_ff;
-    weight *rows[3] = {&out->gate, &out->up, &out->down_t};
-    for (int i = 0; i < 3; i++)
-        if (rows[i]->data) {
-            rows[i]->data = (const char *)rows[i]->data + (size_t)n0 * rows[i]->row_bytes;
-            rows[i]->rows = *n1 - n0;
-        }
+    layer_weights_neurons(out, n0, *n1);
     ps->asked++;
     return 0;
 }

@@ -136,13 +136,20 @@ static size_t layout(const model *m, unsigned which, long piece, part *parts) {
     return slot_bytes;
 }
 
+static int slots_for(const model *m, long piece) { return piece < m->n_ff ? FFN_STREAM_SLOTS : 2; }
+
 int ffn_stream_slots(const model *m, unsigned which, long step) {
-    return ffn_stream_piece_neurons(m, which, step) < m->n_ff ? FFN_STREAM_SLOTS : 2;
+    return slots_for(m, ffn_stream_piece_neurons(m, which, step));
 }
 
 size_t ffn_stream_bytes(const model *m, unsigned which, long step) {
     if (!(which & FFN_STREAM_ALL) || (which & ~(unsigned)FFN_STREAM_ALL) || step < 1) return 0;
-    return (size_t)ffn_stream_slots(m, which, step) * layout(m, which, ffn_stream_piece_neurons(m, which, step), NULL);
+    const long piece = ffn_stream_piece_neurons(m, which, step);
+    return (size_t)slots_for(m, piece) * layout(m, which, piece, NULL);
+}
+
+unsigned ffn_stream_prefill_which(ffn_mode mode) {
+    return FFN_STREAM_UP | FFN_STREAM_DOWN | (mode == FFN_GATE_FIRST ? 0 : FFN_STREAM_GATE);
 }
 
 /* Never trust a pointer's offset: every selected tensor must lie inside the model's file. */
@@ -292,12 +299,12 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     const char *fail = getenv("PI2_STREAM_FAIL_READS");
     s->fail_reads = fail ? atoi(fail) : 0;
     for (int i = 0; i < FFN_STREAM_SLOTS; i++) s->slots[i].piece = -1;
-    s->n_slots = ffn_stream_slots(m, which, step);
 
     size_t fields[3];
     const char *names[3];
     s->n_parts = selected(&m->layers[0], which, fields, names);
     s->piece = ffn_stream_piece_neurons(m, which, step);
+    s->n_slots = slots_for(m, s->piece);
     s->per_layer = (m->n_ff + s->piece - 1) / s->piece;
     s->path = strdup(model_path);
     s->parts = calloc((size_t)m->n_layer * (size_t)s->per_layer * (size_t)s->n_parts, sizeof *s->parts);
@@ -359,12 +366,7 @@ static void request(ffn_stream *s, int k, long g, bool first) {
 static void fill_piece(const ffn_stream *s, long g, const uint8_t *buf, long n0, long n1, layer_weights *out) {
     const int l = (int)(g / s->per_layer);
     *out = s->m->layers[l];
-    weight *rows[3] = {&out->gate, &out->up, &out->down_t};
-    for (int i = 0; i < 3; i++)
-        if (rows[i]->data) {
-            rows[i]->data = (const char *)rows[i]->data + (size_t)n0 * rows[i]->row_bytes;
-            rows[i]->rows = n1 - n0;
-        }
+    layer_weights_neurons(out, n0, n1);
     const part *parts = &s->parts[(size_t)g * (size_t)s->n_parts];
     for (int k = 0; k < s->n_parts; k++) ((weight *)((char *)out + parts[k].field))->data = buf + parts[k].data_off;
 }

@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/ffn_mode.h"
 #include "engine/model.h"
 
 #define FFN_STREAM_ALIGN 4096u             /* O_DIRECT alignment of offsets, lengths, buffers */
@@ -66,6 +67,10 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
  * fit FFN_STREAM_PIECE_BYTES (at least one step), n_ff when ffn_down is
  * selected or the steps would cover the layer. */
 long ffn_stream_piece_neurons(const model *m, unsigned which, long step);
+
+/* What a budgeted prefill streams in `mode`: gate, up and down, but not the
+ * gate in gate-first, which keeps every gate row resident. */
+unsigned ffn_stream_prefill_which(ffn_mode mode);
 
 /* Staging slots for m, `which` and step: FFN_STREAM_SLOTS for pieces, 2 for
  * whole layers. */

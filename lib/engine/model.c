@@ -234,6 +234,15 @@ int model_load_resident(model *m, const char *path, char *err, size_t errlen) {
     return read_model(m, &L);
 }
 
+void layer_weights_neurons(layer_weights *w, long n0, long n1) {
+    weight *rows[3] = {&w->gate, &w->up, &w->down_t};
+    for (int i = 0; i < 3; i++)
+        if (rows[i]->data) {
+            rows[i]->data = (const char *)rows[i]->data + (size_t)n0 * rows[i]->row_bytes;
+            rows[i]->rows = n1 - n0;
+        }
+}
+
 int model_release_file_pages(const model *m, const char *path) {
     if (m->gguf.mapped) madvise((void *)m->gguf.base, m->gguf.size, MADV_DONTNEED);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -87,6 +87,10 @@ void model_free(model *m);
  * from. Returns 0, or -1 with errno when the file cannot be opened or
  * advised (nothing is undone: a failure only leaves pages cached). */
 int model_release_file_pages(const model *m, const char *path);
+/* w viewing neurons [n0, n1) of its layer: gate, up and down_t (those
+ * present) start at neuron n0's row and have n1 - n0 rows; ffn_down (its
+ * rows are not neurons) and the rest stay as they are. */
+void layer_weights_neurons(layer_weights *w, long n0, long n1);
 /* Total bytes of the weights read by one dense decode token. */
 uint64_t model_bytes_per_token(const model *m);
 /* The FFN's share of it: every layer's gate, up and down (or down_t) rows. */
