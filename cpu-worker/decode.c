@@ -405,9 +405,10 @@ static void log_offload_stats(const decoder *d, const char *who) {
     const ffn_prefetch_tally a = *ffn_offload_get_prefetch_stats(d->offload);
     if (a.asked)
         log_info("%s asked ahead for %llu bundles: %.1f%% of them needed and there in time, %.1f%% needed and "
-                 "still being read, %.1f%% not needed",
+                 "still being read, %.1f%% not needed; %.1f%% of the misses asked for ahead",
                  who, (unsigned long long)a.asked, 100.0 * (double)(t.read_ahead - a.late) / a.asked,
-                 100.0 * a.late / a.asked, 100.0 * (double)(a.asked - t.read_ahead) / a.asked);
+                 100.0 * a.late / a.asked, 100.0 * (double)(a.asked - t.read_ahead) / a.asked,
+                 t.misses ? 100.0 * t.read_ahead / t.misses : 0.0);
     const offload_rates r = offload_tally_rates(&t);
     log_info("%s neuron cache over %llu tokens: %.1f%% hot, %.1f%% cold hits, %.1f%% read (%.1f bundles, %.3f MB "
              "per token); FFN %.3f ms per layer, %.1f%% of it waiting for reads",

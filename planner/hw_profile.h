@@ -18,7 +18,7 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 4
+#define HW_PROFILE_VERSION 5 /* 5: reads checked with lanesum64, as the io-worker checks them */
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 9 /* queue depths: 1, 2, 4, ... 256 (a disk that still speeds up past 64: bench/offload) */
 #define HW_IO_CPU_DEPTH 64 /* the depth whose reads' CPU time the profile keeps */

@@ -19,7 +19,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "util/checksum.h"
+#include "plan/bundle.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem_limit.h"
@@ -228,7 +228,7 @@ static double reads_per_second(io_bench *b, enum read_pattern pattern, size_t by
             if (res < 0 && res != -EAGAIN && res != -EINTR) failed = failed ? failed : res;
             if (res > 0) reads++;
             if (res > 0 && check)
-                checked_sink += checksum64_cold(b->buffers + io_uring_cqe_get_data64(cqe) * bytes, (size_t)res);
+                checked_sink += bundle_sum_cold(b->buffers + io_uring_cqe_get_data64(cqe) * bytes, (size_t)res);
             if (failed || now - start >= seconds) continue;
             queue_read(b, pattern, bytes, (int)io_uring_cqe_get_data64(cqe));
             in_flight++;

@@ -148,6 +148,20 @@ static void flip_byte(const char *p, long at) {
     fclose(f);
 }
 
+/* Rewrites the file's pi2.bundle.version (a u32 after its key and type). */
+static bool set_version(const char *p, uint32_t v) {
+    static const char key[] = "pi2.bundle.version";
+    FILE *f = fopen(p, "r+b");
+    if (!f) return false;
+    char head[4096];
+    const size_t n = fread(head, 1, sizeof head, f);
+    const char *k = memmem(head, n, key, sizeof key - 1);
+    const bool ok = k && fseek(f, (long)(k - head) + (long)sizeof key - 1 + 4, SEEK_SET) == 0 &&
+                    fwrite(&v, sizeof v, 1, f) == 1;
+    fclose(f);
+    return ok;
+}
+
 static void check_refusals(void) {
     char a[512], other[512], out[600], bad[640], err[1024];
     make("refuse-a.gguf", "--preset tiny --act relu --type q4_0 --seed 21", a, sizeof a);
@@ -197,6 +211,13 @@ static void check_refusals(void) {
                   strstr(err, bad),
               "a corrupted bundle checksum is refused at open, naming the layer (%s)", err);
     }
+
+    /* an older file (its bundles summed another way): named, with what to do */
+    snprintf(bad, sizeof bad, "%s.v2", out);
+    test_copy_file(out, bad, test_file_size(out));
+    CHECK(set_version(bad, 2) && bundle_open(&b, bad, &m, a, err, sizeof err) != 0 && strstr(err, bad) &&
+              strstr(err, "version 2") && strstr(err, "pi2 plan"),
+          "a version 2 bundle file is refused, saying to plan again (%s)", err);
 
     int32_t *o = shuffled(&m);
     o[5] = o[6]; /* neuron listed twice */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util/checksum.h"
 #include "util/clock.h"
 #include "util/compare_double.h"
 #include "gguf/f16.h"
@@ -198,6 +199,37 @@ static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, do
             }
         }
     }
+}
+
+/* GB/s of the fastest pass of `sum` over [w, w + bytes) in 8 KiB pieces (a bundle each). */
+static double measure_sum(uint64_t (*sum)(const void *, size_t), const uint8_t *w, size_t bytes, double min_seconds) {
+    enum { PIECE = 8192 };
+    double best = 1e30, spent = 0;
+    uint64_t acc = 0;
+    do {
+        const double t0 = clock_seconds();
+        for (size_t at = 0; at + PIECE <= bytes; at += PIECE) acc += sum(w + at, PIECE);
+        const double t = clock_seconds() - t0;
+        best = t < best ? t : best;
+        spent += t;
+    } while (spent < min_seconds);
+    sink = (float)acc;
+    return (double)(bytes / PIECE * PIECE) / best / 1e9;
+}
+
+/* The bundle checksum the io-worker runs on every read (kernels/lanesum.h),
+ * beside util/checksum.h's checksum64 that bundle files had before it. */
+static void bench_bundle_sum(const kernels *const *isas, int n_isas, const uint8_t *w, size_t big_bytes,
+                             size_t cache_bytes, double min_seconds) {
+    printf("\nbundle checksum, 8 KiB pieces\n%-22s %-12s %12s %14s\n", "sum", "isa", "cache GB/s", "memory GB/s");
+    printf("%-22s %-12s %12.2f %14.2f\n", "checksum64", "scalar", measure_sum(checksum64, w, cache_bytes, min_seconds),
+           measure_sum(checksum64, w, big_bytes, min_seconds));
+    for (int i = 0; i < n_isas; i++)
+        if (isas[i])
+            printf("%-22s %-12s %12.2f %14.2f\n", "lanesum64", isas[i]->name,
+                   measure_sum(isas[i]->lanesum64, w, cache_bytes, min_seconds),
+                   measure_sum(isas[i]->lanesum64, w, big_bytes, min_seconds));
+    fflush(stdout);
 }
 
 /* Decode attention's K . q scores on a 7B layer: 32 heads of 128, the keys
@@ -584,6 +616,7 @@ int main(int argc, char **argv) {
     }
     if (pool) bench_gemv_threads(isas, n_isas, w, big_bytes, x8, n, pool, all_gbs, min_seconds);
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
+    bench_bundle_sum(isas, n_isas, w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_attention(isas, n_isas, w, big_bytes, min_seconds);
     const double peak = bench_peak(int8_peak_macs, "int8", n_cpus, min_seconds);
     bench_gemm(isas, n_isas, w, big_bytes, min_seconds, peak);

@@ -27,6 +27,7 @@
 
 #include "gguf/ggml_types.h"
 #include "kernels/gemm.h"
+#include "kernels/lanesum.h"
 #include "kernels/pred_gemv.h"
 #include "kernels/sparse_kernels.h"
 
@@ -82,6 +83,8 @@ typedef struct {
      * copies, which changes their output: so the scalar set has none, nor
      * the neon sets, which promise the scalar set's bits. */
     pred_gemv_q8_0_fn pred_gemv_q8_0;
+    /* the bundle checksum (lanesum.h), the same bits in every set */
+    lanesum_fn lanesum64;
 } kernels;
 
 /* Row r of a matrix of nrows rows row_stride bytes apart, or NULL past its

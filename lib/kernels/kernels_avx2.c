@@ -118,4 +118,5 @@ const kernels kernels_avx2_impl = {
     .sparse = &sparse_avx2_impl,
     .gather = &sparse_avx2_impl,
     .pred_gemv_f16 = pred_gemv_f16_avx2,
+    .lanesum64 = lanesum64_avx2,
 };

@@ -170,7 +170,8 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
     .softmax_exp = softmax_exp_avx512,          \
     .silu_mul = silu_mul_avx512,                \
     .sparse = &sparse_avx512_impl,              \
-    .pred_gemv_f16 = pred_gemv_f16_avx512
+    .pred_gemv_f16 = pred_gemv_f16_avx512,      \
+    .lanesum64 = lanesum64_avx512
 
 const kernels kernels_avx512_impl = {
     .name = "avx512",

@@ -121,7 +121,7 @@ static void axpy_f32_neon(float *y, float a, const float *w, int n) {
         .f32_to_f16_row = f32_to_f16_row_neon, .axpy_f32 = axpy_f32_neon, .gemv_q4_0 = gemv_q4_0_##SUFFIX,    \
         .gemm_q4_0 = GEMM_Q4_0, .gemm_f32 = gemm_f32_neon, .gemm_f16 = gemm_f16_neon,                         \
         .softmax_exp = softmax_exp_ref, .silu_mul = silu_mul_ref, .sparse = SPARSE, .gather = SPARSE,         \
-        .pred_gemv_f16 = pred_gemv_f16_neon,                                                                   \
+        .pred_gemv_f16 = pred_gemv_f16_neon, .lanesum64 = lanesum64_neon,                                      \
     }
 
 const kernels kernels_neon_sdot_impl = NEON_SET("neon", sdot, &sparse_neon_sdot_impl, gemm_q4_0_neon_sdot);

@@ -201,4 +201,5 @@ const kernels kernels_scalar_impl = {
     .sparse = &sparse_scalar_impl,
     .gather = &sparse_scalar_impl,
     .pred_gemv_f16 = pred_gemv_f16_scalar,
+    .lanesum64 = lanesum64_scalar,
 };

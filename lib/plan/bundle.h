@@ -28,8 +28,8 @@
 #include "gguf/gguf.h"
 
 #define BUNDLE_ALIGN 4096
-#define BUNDLE_VERSION 2
-#define BUNDLE_SUMS_TENSOR "bundle_checksums" /* i8 [8 * n_bundles, n_layer]: each bundle's checksum64 */
+#define BUNDLE_VERSION 3 /* 3: bundles summed by lanesum64 */
+#define BUNDLE_SUMS_TENSOR "bundle_checksums" /* i8 [8 * n_bundles, n_layer]: each bundle's bundle_sum */
 #define BUNDLE_MAX_PER_BUNDLE 64
 
 typedef struct {
@@ -44,7 +44,7 @@ typedef struct {
     uint64_t source_size, source_fingerprint;
     const int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot (owned copy) */
     const uint64_t *checksum; /* [n_layer] (owned copy) */
-    const uint64_t *bundle_checksum; /* [n_layer][n_bundles]: checksum64 of each bundle's stride bytes (owned) */
+    const uint64_t *bundle_checksum; /* [n_layer][n_bundles]: bundle_sum of each bundle's stride bytes (owned) */
     const uint8_t **region;   /* [n_layer]: the layer's bundles */
     uint64_t *region_offset;  /* [n_layer]: their file offsets */
 } bundle_file;
@@ -67,6 +67,11 @@ int bundle_open(bundle_file *b, const char *path, const model *m, const char *mo
 /* The same checks on an image in memory (not copied: it must outlive b), without a model. */
 int bundle_parse(bundle_file *b, const void *buf, size_t size, const char *name, char *err, size_t errlen);
 void bundle_close(bundle_file *b);
+/* A bundle's checksum: lanesum64 (kernels/lanesum.h) of its bytes, by the
+ * fastest kernel set; _cold for bytes a device just wrote, in no cache of
+ * this core. */
+uint64_t bundle_sum(const void *bytes, size_t n);
+uint64_t bundle_sum_cold(const void *bytes, size_t n);
 /* Whether `bytes` (stride of them, read from anywhere) are bundle `bundle`
  * of layer l as written: a reader of one bundle checks it alone. */
 bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes);

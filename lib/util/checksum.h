@@ -29,12 +29,4 @@ static inline uint64_t checksum64(const void *data, size_t n) {
     return checksum_mix(h, (uint64_t)n);
 }
 
-/* checksum64 of bytes that no cache of this core holds (a buffer a device
- * just wrote): every line is asked for first, so that the misses overlap
- * instead of coming one after another as the sum reaches them */
-static inline uint64_t checksum64_cold(const void *data, size_t n) {
-    for (size_t off = 0; off < n; off += 64) __builtin_prefetch((const char *)data + off);
-    return checksum64(data, n);
-}
-
 #endif
