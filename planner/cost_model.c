@@ -101,7 +101,8 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
         if (miss > 0)
             io_l = fmin(miss, 1.0) / hw_io_iops(hw, in->stride, 1) +
                    fmax(miss - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
-        const double io_cpu_l = miss > 0 ? (miss * lay->io_cpu_us + lay->io_batch_us) * 1e-6 : 0;
+        /* asking ahead, each worker sends a layer two batches: the guess's, and the step's for what it missed */
+        const double io_cpu_l = miss > 0 ? (miss * lay->io_cpu_us + (ahead ? 2 : 1) * lay->io_batch_us) * 1e-6 : 0;
         const double dense_l = (dense_s + guess_s) / in->n_layer;
         /* what arrives computes as it lands: the missed share of the FFN comes after the reads */
         const double after_reads = io_l + ffn_s * (need > 0 ? miss / need : 0);

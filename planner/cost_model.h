@@ -18,7 +18,9 @@
  * bus round trip), in gate-first from the FFN step
  * (the gate rows decide); the chunks whose bundles were read compute as
  * they land. Every read also takes the io-worker's CPU time (io_cpu_us), and
- * every layer that reads its messages (io_batch_us): where the io-worker
+ * every batch its messages (io_batch_us; two batches a layer when asking
+ * ahead, the guess's and the step's for what the guess missed, one in
+ * gate-first): where the io-worker
  * shares a core with a cpu-worker, that worker's layer is longer by them, and
  * the others wait for it at the layer's barriers. */
 #ifndef PI2_PLANNER_COST_MODEL_H
@@ -52,8 +54,8 @@ typedef struct {
     int threads;                   /* decode compute threads in all */
     double io_cpu_us;              /* a compute core's time per bundle read (the io-worker's, on the core
                                       it shares); 0 when the io-worker has a core of its own */
-    double io_batch_us;            /* the same per layer that reads: taking each cpu-worker's batch of
-                                      misses and answering it (0 likewise) */
+    double io_batch_us;            /* the same per batch of a layer that reads: taking each cpu-worker's
+                                      batch of misses and answering it (0 likewise) */
 } cost_layout;
 
 typedef struct {

@@ -10,7 +10,8 @@
  *    after the layer's dense work;
  *  - reads that cost nothing but CPU: the io-worker's time on the shared
  *    core is the whole difference, misses x its time per read, plus its
- *    time per layer for the workers' batches (none when nothing is read);
+ *    time for the workers' batches, two a layer asking ahead and one in
+ *    gate-first (none when nothing is read);
  *  - on two threads, the guess's first stage is not shared (every
  *    cpu-worker runs it whole), the rest is;
  *  - the io-worker on a core of its own (io_cpu_us 0) and a faster disk
@@ -151,10 +152,13 @@ int main(void) {
     CHECK(fabs(cpu_bound - own_core - 4 * 50.0) < 1e-3,
           "the io-worker's CPU adds misses x its time per read: %.6f us more, want 200", cpu_bound - own_core);
 
-    /* and each layer that reads, its batches' handling: 2 layers x 30 us */
+    /* and each layer that reads, its batches' handling: 2 layers x 2 batches (the guess's and the
+     * step's) x 30 us; in gate-first one batch a layer */
     const double batches = predict_batch_us(&in, &free_disk, none_hot, 50, 30);
-    CHECK(fabs(batches - cpu_bound - 2 * 30.0) < 1e-3, "a layer's batches add their time: %.6f us more, want 60",
+    CHECK(fabs(batches - cpu_bound - 2 * 2 * 30.0) < 1e-3, "a layer's batches add their time: %.6f us more, want 120",
           batches - cpu_bound);
+    const double gf_batches = predict_batch_us(&gf, &free_disk, none_hot, 50, 30) - predict_us(&gf, &free_disk, none_hot, 50);
+    CHECK(fabs(gf_batches - 2 * 30.0) < 1e-3, "gate-first: one batch a layer, %.6f us more, want 60", gf_batches);
     CHECK(near(predict_batch_us(&in, &slow_disk, NULL, 5, 30), 112), "resident: no batches");
 
     /* two threads: the dense work and the FFN halve, the guess's first stage does not (every worker
