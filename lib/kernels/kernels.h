@@ -12,10 +12,10 @@
  *
  * How a set is chosen, for every family at once: a set is one table (struct
  * kernels) that names its dense kernels, its sparse gathers and axpys, its
- * predictor gemvs and its prefill products. Each ISA file defines its tables
- * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c; amx
- * is made from avx512's in kernels.c) and is compiled only for its
- * architecture, with its flags. kernels.c alone asks the CPU what it runs
+ * predictor gemvs, its prefill products and its bundle checksum. Each ISA
+ * file defines its tables (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c,
+ * kernels_neon.c; amx is made from avx512's in kernels.c) and is compiled
+ * only for its architecture, with its flags. kernels.c alone asks the CPU what it runs
  * (CPUID on x86-64, HWCAP on AArch64) and offers a table only where it
  * runs; kernels_best() takes the fastest offered, or PI2_KERNELS's. Callers
  * take every family from that one table, so the families cannot disagree. */
