@@ -202,7 +202,7 @@ static void bench_pred_gemv(uint8_t *w, size_t big_bytes, size_t cache_bytes, do
 }
 
 /* GB/s of the fastest pass of `sum` over [w, w + bytes) in 8 KiB pieces (a bundle each). */
-static double measure_sum(uint64_t (*sum)(const void *, size_t), const uint8_t *w, size_t bytes, double min_seconds) {
+static double measure_sum(lanesum_fn sum, const uint8_t *w, size_t bytes, double min_seconds) {
     enum { PIECE = 8192 };
     double best = 1e30, spent = 0;
     uint64_t acc = 0;
@@ -218,17 +218,21 @@ static double measure_sum(uint64_t (*sum)(const void *, size_t), const uint8_t *
 }
 
 /* The bundle checksum the io-worker runs on every read (kernels/lanesum.h),
- * beside util/checksum.h's checksum64 that bundle files had before it. */
+ * beside util/checksum.h's checksum64 that bundle files had before it; each
+ * version once (avx512-exact and amx have avx512's). */
 static void bench_bundle_sum(const kernels *const *isas, int n_isas, const uint8_t *w, size_t big_bytes,
                              size_t cache_bytes, double min_seconds) {
     printf("\nbundle checksum, 8 KiB pieces\n%-22s %-12s %12s %14s\n", "sum", "isa", "cache GB/s", "memory GB/s");
     printf("%-22s %-12s %12.2f %14.2f\n", "checksum64", "scalar", measure_sum(checksum64, w, cache_bytes, min_seconds),
            measure_sum(checksum64, w, big_bytes, min_seconds));
-    for (int i = 0; i < n_isas; i++)
-        if (isas[i])
+    for (int i = 0; i < n_isas; i++) {
+        bool seen = !isas[i];
+        for (int j = 0; j < i && !seen; j++) seen = isas[j] && isas[j]->lanesum64 == isas[i]->lanesum64;
+        if (!seen)
             printf("%-22s %-12s %12.2f %14.2f\n", "lanesum64", isas[i]->name,
                    measure_sum(isas[i]->lanesum64, w, cache_bytes, min_seconds),
                    measure_sum(isas[i]->lanesum64, w, big_bytes, min_seconds));
+    }
     fflush(stdout);
 }
 
