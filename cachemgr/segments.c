@@ -16,7 +16,7 @@ typedef struct {
     enum shm_kind kind;
     unsigned create_flags;
     int n;
-    struct shm_region_spec regions[4];
+    struct shm_region_spec regions[6];
 } segment_spec;
 
 /* What every segment must hold for this model and these parameters. */
@@ -25,22 +25,27 @@ static void segment_specs(const cachemgr *c, const stack_params *p, segment_spec
     act_layout_compute(&act, &c->m, p);
     uint64_t kv = kv_region_bytes(&c->m, p->n_ctx);
     out[SEG_WEIGHTS] = (segment_spec){STACK_SEG_WEIGHTS, SHM_KIND_WEIGHTS, SHM_CREATE_NO_PREFAULT, 1,
-                                      {{"data", weights_region_bytes(&c->m), SHM_ALIGN_PAGE}}};
+                                      {{"data", weights_region_bytes(&c->m), SHM_ALIGN_PAGE, 0}}};
     out[SEG_KV] = (segment_spec){STACK_SEG_KV, SHM_KIND_KV, 0, 2,
-                                 {{"k", kv, SHM_ALIGN_PAGE}, {"v", kv, SHM_ALIGN_PAGE}}};
-    out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 0, 1, {{"act", act.total, SHM_ALIGN_PAGE}}};
+                                 {{"k", kv, SHM_ALIGN_PAGE, 0}, {"v", kv, SHM_ALIGN_PAGE, 0}}};
+    out[SEG_ACT] = (segment_spec){STACK_SEG_ACT, SHM_KIND_ACTIVATIONS, 0, 1, {{"act", act.total, SHM_ALIGN_PAGE, 0}}};
     out[SEG_CTL] = (segment_spec){STACK_SEG_CTL, SHM_KIND_CONTROL, 0, 1,
-                                  {{"ctl", sizeof(stack_ctl), SHM_ALIGN_CACHELINE}}};
+                                  {{"ctl", sizeof(stack_ctl), SHM_ALIGN_CACHELINE, 0}}};
     out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 0, {{0}}};
     if (c->budgeted) {
         const offload *o = &c->off;
         out[SEG_WEIGHTS].regions[0].size = o->preload_bytes;
         /* prefaulted: cold slots are filled on the token path, where a first touch costs most */
         out[SEG_FFN] = (segment_spec){STACK_SEG_FFN, SHM_KIND_SLOTS, 0, 4,
-                                      {{"hot", offload_hot_region_bytes(o), SHM_ALIGN_PAGE},
-                                       {"cold", o->cold_bytes, SHM_ALIGN_PAGE},
-                                       {"table", o->table_bytes, SHM_ALIGN_CACHELINE},
-                                       {"pins", offload_pin_log_bytes(o, p->n_cpu_workers), SHM_ALIGN_CACHELINE}}};
+                                      {{"hot", offload_hot_region_bytes(o), SHM_ALIGN_PAGE, 0},
+                                       {"cold", o->cold_bytes, SHM_ALIGN_PAGE, 0},
+                                       {"table", o->table_bytes, SHM_ALIGN_CACHELINE, 0},
+                                       {"pins", offload_pin_log_bytes(o, p->n_cpu_workers), SHM_ALIGN_CACHELINE, 0}}};
+        if (o->lent_bytes) { /* empty until the npu-worker lends its memory after the first prompt */
+            out[SEG_FFN].regions[out[SEG_FFN].n++] = (struct shm_region_spec){"lend", sizeof(offload_lend), SHM_ALIGN_CACHELINE, 0};
+            out[SEG_FFN].regions[out[SEG_FFN].n++] =
+                (struct shm_region_spec){"lent", o->lent_bytes, SHM_ALIGN_PAGE, SHM_REGION_SPARSE};
+        }
     }
     for (int i = 0; i < SEG_COUNT && c->small_pages; i++) out[i].create_flags |= SHM_CREATE_SMALL_PAGES;
 }

@@ -201,9 +201,10 @@ void queue_close(coord *c);
  * Return 0, the ErrorCode to give the client (SHUTTING_DOWN, WORKER_LOST, INTERNAL),
  * or COORD_CLIENT_LOST (the workers' part of the step is then aborted). */
 int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mode);
-/* Prefill tokens[0..n) at positions [pos0, pos0 + n) on the npu-worker (n <= max_prefill).
+/* Prefill tokens[0..n) at positions [pos0, pos0 + n) on the npu-worker (n <= max_prefill); prompt_end: the
+ * prompt's last chunk, after which the npu-worker lends its buffers to decode.
  * Returns 0, an ErrorCode, COORD_CLIENT_LOST, or -1 when the npu-worker did not come back (prefill otherwise). */
-int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0);
+int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0, bool prompt_end);
 /* Aborts whatever the workers still do for the current epoch. */
 void coord_new_epoch(coord *c);
 

@@ -22,7 +22,7 @@ static int prefill_steps(coord *c, const int32_t *tokens, int n) {
         if (use_npu) {
             int chunk = n - pos < c->params.max_prefill ? n - pos : c->params.max_prefill;
             c->prompt.chunk_n = chunk;
-            int rc = step_prefill_npu(c, tokens + pos, chunk, pos);
+            int rc = step_prefill_npu(c, tokens + pos, chunk, pos, pos + chunk == n);
             c->prompt.chunk_n = 0;
             if (rc == -1) {
                 log_warn("the npu-worker did not come back: prefilling the rest with decode tasks");

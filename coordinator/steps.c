@@ -216,6 +216,7 @@ int step_decode(coord *c, int32_t token, int pos, bool want_logits, ffn_mode mod
 
 typedef struct {
     int n, pos0;
+    bool prompt_end;
 } prefill_arg;
 
 static int send_prefill(coord *c, const void *arg) {
@@ -228,6 +229,7 @@ static int send_prefill(coord *c, const void *arg) {
     r.layer_begin = 0;
     r.layer_end = (uint32_t)c->sv.m.n_layer;
     r.epoch = c->epoch;
+    r.prompt_end = a->prompt_end;
     Pi2__Envelope env;
     msg_envelope_init(&env, 0, c->session);
     env.body_case = PI2__ENVELOPE__BODY_PREFILL_REQUEST;
@@ -242,8 +244,8 @@ static int send_prefill(coord *c, const void *arg) {
     return 0;
 }
 
-int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0) {
+int step_prefill_npu(coord *c, const int32_t *tokens, int n, int pos0, bool prompt_end) {
     memcpy(c->sv.act + c->sv.layout.tokens, tokens, (size_t)n * sizeof(int32_t));
-    prefill_arg a = {n, pos0};
+    prefill_arg a = {n, pos0, prompt_end};
     return run_step(c, true, 1, send_prefill, &a);
 }

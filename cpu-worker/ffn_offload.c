@@ -31,6 +31,9 @@ struct ffn_offload {
     const offload *off;
     shm_segment *seg;
     const uint8_t *base;         /* the hot region: rows are addressed from it */
+    const offload_lend *lend;    /* the plan lends the prompt's memory: whether region "lent" holds its bundles */
+    const uint8_t *lent;         /* region "lent" (NULL: nothing lent) */
+    uint32_t lent_now;           /* this layer step: its lent bundles there (0 while they are not) */
     ncache *cache;
     bus_ctx *ctx;
     bus_socket *sock;
@@ -78,6 +81,15 @@ static void reclaim_pins(ffn_offload *o, const char *name) {
     if (n) log_warn("%s: let go of %ld cold slots that the process before it held pinned when it stopped", name, n);
 }
 
+/* Layer l's bundles in memory for this step: the hot ones, then the lent ones while they are there. */
+static uint32_t resident_bundles(const ffn_offload *o, int l) { return o->off->plan->hot_bundles[l] + o->lent_now; }
+
+/* Whether the lent bundles are there, looked at once a layer step, after the worker's row went busy: the
+ * npu-worker takes them back before a prompt, once no step that saw them is left (npu-worker/lend.c). */
+static void lent_step(ffn_offload *o, int l) {
+    o->lent_now = o->lend && atomic_load(&o->lend->ready) ? offload_lent_bundles(o->off, l) : 0;
+}
+
 /* PI2_BUNDLE_TRACE=PREFIX: PREFIX.NAME gets, per layer step, the (layer, bundle) pairs of the cold bundles
  * looked up, then (CACHE_TRACE_STEP_END, 0); appended to, so a restarted worker goes on in the same file. */
 static void open_trace(ffn_offload *o, const char *name) {
@@ -90,10 +102,23 @@ static void open_trace(ffn_offload *o, const char *name) {
 }
 
 static void trace_step(ffn_offload *o, int l) {
-    const uint32_t hot = o->off->plan->hot_bundles[l];
+    const uint32_t hot = resident_bundles(o, l);
     for (int i = 0; i < o->n_touched; i++)
         if (o->touched[i] >= hot) fwrite((uint32_t[2]){(uint32_t)l, o->touched[i]}, sizeof(uint32_t), 2, o->trace);
     fwrite((uint32_t[2]){CACHE_TRACE_STEP_END, 0}, sizeof(uint32_t), 2, o->trace);
+}
+
+/* Regions "lend" and "lent" of a plan that lends the prompt's memory. */
+static int attach_lent(ffn_offload *o, const char *seg_name) {
+    uint64_t flag_bytes = 0, lent_bytes = 0;
+    o->lend = shm_region_ptr(o->seg, "lend", &flag_bytes);
+    o->lent = shm_region_ptr(o->seg, "lent", &lent_bytes);
+    if (!o->lend || !o->lent || flag_bytes < sizeof *o->lend || lent_bytes < o->off->lent_bytes ||
+        o->lent < o->base || (uint64_t)(o->lent - o->base) % o->off->unit) {
+        log_error("%s: the lend and lent regions are missing, smaller than the plan's or not addressable", seg_name);
+        return -1;
+    }
+    return 0;
 }
 
 ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index) {
@@ -125,6 +150,7 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         log_error("%s: slot table: %s", seg_name, err);
         goto fail;
     }
+    if (o->off->lent_bytes && attach_lent(o, seg_name)) goto fail;
     char dir[RUNDIR_PATH_MAX], endpoint[BUS_ENDPOINT_MAX];
     struct bus_opts opts = bus_default_opts();
     opts.max_frame = MSG_MAX_FRAME;
@@ -230,9 +256,14 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     const offload *off = o->off;
     if (o->bundle_at[b] != UNSEEN) return o->bundle_at[b]; /* a bundle is counted once, not per firing neuron */
     o->touched[o->n_touched++] = b;
-    if (b < off->plan->hot_bundles[l]) {
+    const uint32_t hot = off->plan->hot_bundles[l];
+    if (b < hot) {
         o->stats.hot += count;
         return o->bundle_at[b] = (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
+    }
+    if (b < resident_bundles(o, l)) { /* lent: counted with the hot ones, as the plan predicts */
+        o->stats.hot += count;
+        return o->bundle_at[b] = (o->lent - o->base) + (int64_t)(off->lent_offset[l] + (uint64_t)(b - hot) * off->stride);
     }
     ncache_ref ref;
     const uint8_t *p = ncache_pin(o->cache, (uint32_t)l, 0, b, &ref);
@@ -314,12 +345,11 @@ void ffn_offload_set_compute_delay(ffn_offload *o, long us) { o->compute_delay_u
 
 /* Whether every cold bundle of the chunk's selection is cached now (no pins taken). */
 static bool chunk_landed(const ffn_offload *o, int l, int chunk) {
-    const offload *off = o->off;
     long n0, n1;
     ffn_chunk_range(o->m, chunk, &n0, &n1);
     for (int k = 0; k < o->sel_n[chunk]; k++) {
         const uint32_t b = bundle_of(o, l, o->sel_idx[n0 + k]);
-        if (b >= off->plan->hot_bundles[l] && !ncache_contains(o->cache, (uint32_t)l, 0, b)) return false;
+        if (b >= resident_bundles(o, l) && !ncache_contains(o->cache, (uint32_t)l, 0, b)) return false;
     }
     return true;
 }
@@ -461,9 +491,9 @@ static void forget_ahead(ffn_offload *o) {
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
                           ffn_scratch *scratch) {
     const int l = f->layer;
-    const offload *off = o->off;
     drain_replies(o);
     forget_ahead(o);
+    lent_step(o, l);
     job j = {.o = o, .pool = pool, .f = f, .scratch = scratch};
     run_job(&j, select_worker, chunks, n_chunks);
     for (int i = 0; i < n_chunks; i++) {
@@ -471,7 +501,7 @@ void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chu
         ffn_chunk_range(o->m, chunks[i], &n0, &n1);
         for (int k = 0; k < o->sel_n[chunks[i]]; k++) {
             const uint32_t b = bundle_of(o, l, o->sel_idx[n0 + k]);
-            if (b < off->plan->hot_bundles[l] || o->asked[b] || ncache_contains(o->cache, (uint32_t)l, 0, b)) continue;
+            if (b < resident_bundles(o, l) || o->asked[b] || ncache_contains(o->cache, (uint32_t)l, 0, b)) continue;
             o->asked[b] = 1;
             o->ahead[o->n_ahead++] = b;
         }
@@ -498,6 +528,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
     const uint64_t t0 = clock_us();
     f->rows = &o->rows;
     drain_replies(o);
+    lent_step(o, l);
     job j = {.o = o, .pool = pool, .f = f, .scratch = scratch, .partials = partials};
     if (l == 0) o->stats.tokens++;
     o->stats.layers++;

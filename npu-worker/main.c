@@ -11,6 +11,7 @@
 #include "engine/prompt.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "lend.h"
 #include "prefill.h"
 #include "stack/stack_attach.h"
 #include "stack/worker_args.h"
@@ -29,6 +30,7 @@ typedef struct {
     stack_view *sv;
     worker_link *link;
     prefiller *pf;
+    lender *lend;    /* NULL: the plan lends nothing */
     int32_t *tokens; /* private copy of the request's ids, [max_prefill] */
 } worker;
 
@@ -80,6 +82,16 @@ static void tick(void *ctx, int layers_done) {
     worker_link_send(pc->link, &env);
 }
 
+static void beat(void *ctx) { worker_link_heartbeat(ctx); }
+
+/* The prompt is in: its buffers give their pages back, and under a plan that lends them, decode gets them as
+ * bundles (while decode already runs: until they are in, it reads them as misses). */
+static void lend_after_prompt(worker *w) {
+    if (!w->lend) return;
+    prefiller_release(w->pf);
+    lender_fill(w->lend, beat, w->link);
+}
+
 static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     worker *w = ctx;
     const Pi2__PrefillRequest *r = req->prefill_request;
@@ -103,6 +115,10 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     }
     if (read_tokens(w, r, why, sizeof why)) {
         send_error(w, req, PI2__ERROR_CODE__INVALID, why);
+        return;
+    }
+    if (w->lend && lender_reclaim(w->lend)) {
+        send_error(w, req, PI2__ERROR_CODE__INTERNAL, "cannot take back the memory lent to decode");
         return;
     }
     worker_link_set_state(w->link, PROC_BUSY);
@@ -131,6 +147,7 @@ static void run_prefill(void *ctx, const Pi2__Envelope *req) {
     env.body_case = PI2__ENVELOPE__BODY_PREFILL_DONE;
     env.prefill_done = &done;
     worker_link_send(w->link, &env);
+    if (r->prompt_end) lend_after_prompt(w);
 }
 
 int main(int argc, char **argv) {
@@ -144,15 +161,19 @@ int main(int argc, char **argv) {
     int status = 1;
     worker_link link = {0};
     prefiller *pf = NULL;
+    lender *lend = NULL;
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)sv.ctl->params.max_prefill);
     if (!tokens) { log_error("out of memory"); goto out; }
     if (!(pf = prefiller_new(&sv, o.n_threads))) goto out;
+    bool lend_failed;
+    lend = lender_open(&sv, o.runid, &lend_failed);
+    if (lend_failed) goto out;
     if (worker_link_open(&link, sv.ctl, o.runid, "npu-worker", PI2__PROCESS_KIND__NPU, 0, (uint32_t)o.n_threads))
         goto out;
     worker_link_set_state(&link, PROC_READY);
     log_info("npu-worker ready: %d thread%s, up to %d tokens per prefill", o.n_threads, o.n_threads == 1 ? "" : "s",
              sv.ctl->params.max_prefill);
-    worker w = {&o, &sv, &link, pf, tokens};
+    worker w = {&o, &sv, &link, pf, lend, tokens};
     msg_limits lim;
     stack_msg_limits(&sv, &lim);
     worker_link_serve(&link, &lim, PI2__ENVELOPE__BODY_PREFILL_REQUEST, run_prefill, &w);
@@ -160,6 +181,7 @@ int main(int argc, char **argv) {
     status = 0;
 out:
     worker_link_close(&link);
+    lender_close(lend);
     prefiller_free(pf);
     free(tokens);
     stack_view_close(&sv);

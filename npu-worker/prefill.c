@@ -104,6 +104,11 @@ prefiller *prefiller_new(stack_view *sv, int n_threads) {
     return p;
 }
 
+void prefiller_release(prefiller *p) {
+    prompt_pass_release(p->pass);
+    if (p->stream) ffn_stream_release(p->stream);
+}
+
 void prefiller_free(prefiller *p) {
     if (!p) return;
     ffn_stream_close(p->stream);

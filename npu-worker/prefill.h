@@ -18,6 +18,9 @@ typedef struct prefiller prefiller;
  * tensors layer by layer. NULL on failure (logged). */
 prefiller *prefiller_new(stack_view *sv, int n_threads);
 void prefiller_free(prefiller *p);
+/* After a prompt: the scratch's and the staging's pages go back to the
+ * system (allocated again as the next prompt touches them). */
+void prefiller_release(prefiller *p);
 
 /* Called after each layer with the layers done so far (the caller's heartbeat
  * and progress report); may be NULL. */

@@ -59,6 +59,7 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
                  prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
     /* the npu-worker's staging slots (npu-worker/prefill.c) */
     f->staging = ffn_stream_bytes(m, ffn_stream_prefill_which(in->mode), prompt_pass_neuron_step(m));
+    f->lendable = prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads) + f->staging;
 }
 
 uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
@@ -103,7 +104,22 @@ static int queue_depth_for(const hw_profile *hw, uint64_t stride) {
     return hw_io_depth[HW_IO_DEPTHS - 1];
 }
 
-static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay);
+static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay, const long *resident);
+
+/* hot_total bundles pinned, and lent_slots more between prompts: lay's hot and lent bundles and the
+ * prediction of decode with both resident (the most needed hot_total + lent_slots: a superset of the
+ * hot ones, layer by layer). */
+static void place(const layout_inputs *in, const layout_fixed *f, layout *lay, long hot_total, long lent_slots,
+                  long *resident) {
+    const int n_layer = in->m->n_layer;
+    allocate_hot(lay->order, n_layer, hot_total, lay->hot_bundles);
+    allocate_hot(lay->order, n_layer, hot_total + lent_slots, resident);
+    for (int l = 0; l < n_layer; l++) {
+        lay->lent_bundles[l] = resident[l] > lay->hot_bundles[l] ? resident[l] - lay->hot_bundles[l] : 0;
+        resident[l] = lay->hot_bundles[l] + lay->lent_bundles[l];
+    }
+    predict(in, f, lay, resident);
+}
 
 /* The cold shares tried, largest first: the first is kept unless a smaller one is predicted faster by
  * SMALLER_COLD_MARGIN. */
@@ -121,6 +137,8 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     lay->max_prefill = in->max_prefill;
     lay->process = f->process;
     lay->hot_bundles = calloc((size_t)n_layer, sizeof(long));
+    lay->lent_bundles = calloc((size_t)n_layer, sizeof(long));
+    long *resident = calloc((size_t)n_layer, sizeof(long));
     /* a minimal cold cache: one layer's needed bundles twice over (in flight, and being computed) */
     double most = 0;
     for (int l = 0; l < n_layer; l++) {
@@ -132,18 +150,23 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     const uint64_t fixed = f->preload + f->process;
     const uint64_t all_ffn = (uint64_t)n_layer * (uint64_t)order->n_bundles * lay->stride;
     lay->floor = fixed + f->staging + (uint64_t)min_cold * lay->stride;
-    if (!lay->hot_bundles) {
+    if (!lay->hot_bundles || !lay->lent_bundles || !resident) {
         log_error("out of memory for a layout of %d layers", n_layer);
+        free(resident);
         return -1;
     }
     if (budget >= fixed + all_ffn) {
         lay->all_resident = true;
-        allocate_hot(order, n_layer, (long)n_layer * order->n_bundles, lay->hot_bundles);
-        predict(in, f, lay);
+        place(in, f, lay, (long)n_layer * order->n_bundles, 0, resident);
+        free(resident);
         return 0;
     }
-    if (budget < lay->floor) return -1;
+    if (budget < lay->floor) {
+        free(resident);
+        return -1;
+    }
     const long slots = (long)((budget - fixed - f->staging) / lay->stride);
+    const long lent_slots = (long)(f->lendable / lay->stride);
     /* The cold share predicted fastest; a larger one unless a smaller is faster by a margin, as the model
      * counts no reuse between tokens and real text has some. */
     long best_cold = -1;
@@ -153,19 +176,18 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
         if (cold < min_cold) cold = min_cold;
         if (cold > slots) cold = slots;
         lay->cold_slots = cold;
-        allocate_hot(order, n_layer, slots - cold, lay->hot_bundles);
-        predict(in, f, lay);
+        place(in, f, lay, slots - cold, lent_slots, resident);
         if (best_cold < 0 || lay->pred.tok_s > best_tps * (1 + SMALLER_COLD_MARGIN))
             best_cold = cold, best_tps = lay->pred.tok_s;
     }
     lay->cold_slots = best_cold;
-    allocate_hot(order, n_layer, slots - best_cold, lay->hot_bundles);
-    predict(in, f, lay);
+    place(in, f, lay, slots - best_cold, lent_slots, resident);
+    free(resident);
     return 0;
 }
 
-/* lay->pred for lay's hot bundles and cold slots. */
-static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay) {
+/* lay->pred with resident[l] bundles of each layer in memory and lay's cold slots. */
+static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay, const long *resident) {
     const int n_layer = in->m->n_layer;
     const bundle_order *order = lay->order;
     const cost_inputs ci = {.n_layer = n_layer,
@@ -181,7 +203,7 @@ static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay)
                             .p_bundle = order->p_bundle,
                             .guess_whole_bytes = f->guess_whole_bytes,
                             .guess_split_bytes = f->guess_split_bytes};
-    const cost_layout cl = {.hot_bundles = lay->hot_bundles,
+    const cost_layout cl = {.hot_bundles = resident,
                             .cold_slots = lay->cold_slots,
                             .queue_depth = lay->queue_depth,
                             .threads = in->threads,
@@ -193,5 +215,6 @@ static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay)
 
 void layout_free(layout *lay) {
     free(lay->hot_bundles);
-    lay->hot_bundles = NULL;
+    free(lay->lent_bundles);
+    lay->hot_bundles = lay->lent_bundles = NULL;
 }

@@ -51,6 +51,8 @@ typedef struct {
     uint64_t preload;       /* attention, norms, output, predictors (gate rows in gate-first), KV at ctx */
     uint64_t process;
     uint64_t staging;       /* the prefill's staging slots (ffn_stream_bytes) */
+    uint64_t lendable;      /* the npu-worker's prompt buffers and staging: idle between prompts, they hold
+                             * more hot bundles meanwhile (docs/offload.md, "Lending") */
     double dense_bytes;     /* weights read densely per token */
     /* the predictor's, read again to ask for a layer's misses ahead (predictor mode): by every
      * cpu-worker (its first stage), and split between them (its second) */
@@ -65,11 +67,12 @@ typedef struct {
     uint64_t budget;
     bool all_resident;      /* every bundle fits: no cold cache, no staging */
     long *hot_bundles;      /* [n_layer] */
+    long *lent_bundles;     /* [n_layer]: after each layer's hot ones, in the lendable memory between prompts */
     long cold_slots;
     int queue_depth;
     int max_prefill;        /* the inputs' prompt tokens per prefill step */
     uint64_t process;       /* the fixed part's processes' memory at that step */
-    cost_prediction pred;
+    cost_prediction pred;   /* of decode: the hot and the lent bundles resident */
 } layout;
 
 void layout_fixed_of(const layout_inputs *in, layout_fixed *f);

@@ -355,16 +355,17 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     Pi2__Plan plan = PI2__PLAN__INIT;
     Pi2__PlanPrediction pred = PI2__PLAN_PREDICTION__INIT;
     const int n_layer = pl->m.n_layer;
-    uint32_t *hot = malloc(sizeof(uint32_t) * (size_t)n_layer);
+    uint32_t *hot = malloc(sizeof(uint32_t) * (size_t)n_layer), *lent = malloc(sizeof(uint32_t) * (size_t)n_layer);
     uint32_t *clusters = malloc(sizeof(uint32_t) * (size_t)pl->conf.cpu_workers);
     Pi2__PlanCurvePoint points[CURVE_POINTS + 2], *curve[CURVE_POINTS + 2];
-    if (!hot || !clusters) {
-        free(hot), free(clusters);
+    if (!hot || !lent || !clusters) {
+        free(hot), free(lent), free(clusters);
         log_error("out of memory writing the plan");
         return -1;
     }
-    uint64_t hot_total = 0;
+    uint64_t hot_total = 0, lent_total = 0;
     for (int l = 0; l < n_layer; l++) hot[l] = (uint32_t)lay->hot_bundles[l], hot_total += hot[l];
+    for (int l = 0; l < n_layer; l++) lent[l] = (uint32_t)lay->lent_bundles[l], lent_total += lent[l];
     const int threads_per_worker = pl->conf.threads / pl->conf.cpu_workers;
     for (int w = 0; w < pl->conf.cpu_workers; w++) clusters[w] = cluster_neurons(pl, lay, threads_per_worker);
 
@@ -388,6 +389,11 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     plan.n_hot_bundles = (size_t)n_layer;
     plan.hot_bundles = hot;
     plan.cold_slots = (uint32_t)lay->cold_slots;
+    if (lent_total) {
+        plan.n_lent_bundles = (size_t)n_layer;
+        plan.lent_bundles = lent;
+        plan.lent_bytes = lent_total * lay->stride;
+    }
     plan.bundle_file = "bundles.gguf";
     plan.per_bundle = (uint32_t)lay->order->per_bundle;
     plan.bundle_stride = lay->stride;
@@ -442,7 +448,7 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
         plan_print_curve(stdout, &plan);
         printf("\nwrote %s\n", plan_path);
     }
-    free(hot), free(clusters);
+    free(hot), free(lent), free(clusters);
     return rc;
 }
 

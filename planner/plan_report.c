@@ -32,6 +32,12 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
     fprintf(out, "  hot          %9.1f MiB  %llu of %llu bundles pinned (%.1f %%)\n", mib(p->hot_bytes),
             (unsigned long long)hot, (unsigned long long)total, total ? 100.0 * (double)hot / (double)total : 0);
     fprintf(out, "  cold cache   %9.1f MiB  %u slots, CLOCK\n", mib(p->cold_bytes), p->cold_slots);
+    if (p->lent_bytes) {
+        uint64_t lent = 0;
+        for (size_t l = 0; l < p->n_lent_bundles; l++) lent += p->lent_bundles[l];
+        fprintf(out, "  lent         %9.1f MiB  %llu more bundles between prompts, in the prompt's buffers and staging\n",
+                mib(p->lent_bytes), (unsigned long long)lent);
+    }
     fprintf(out, "hot bundles per layer:");
     for (size_t l = 0; l < p->n_hot_bundles; l++) fprintf(out, "%s%u", l % 16 ? " " : "\n  ", p->hot_bundles[l]);
     fprintf(out, "\nbundle file    %s: %u neuron%s per bundle, %llu bytes each\n", p->bundle_file, p->per_bundle,

@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
     atexit(cleanup);
     char name[SHM_NAME_MAX];
     shm_make_name(name, sizeof name, runid, STACK_SEG_WEIGHTS);
-    struct shm_region_spec spec = {"data", region, SHM_ALIGN_PAGE};
+    struct shm_region_spec spec = {"data", region, SHM_ALIGN_PAGE, 0};
     shm_segment *seg = shm_create(name, SHM_KIND_WEIGHTS, &spec, 1, 0);
     CHECK(seg != NULL, "create %s: %s", name, shm_last_error());
     if (!seg) return test_summary();

@@ -9,6 +9,12 @@
 #     `pi2 status` shows each cpu-worker's neuron cache and the client's
 #     timing line the generation's hit rate and MB read per token (more than
 #     0 under 100 %); the unbudgeted stack shows neither;
+#   - lending (docs/offload.md, "Lending"): under 100 % the npu-worker reads
+#     the plan's lent bundles into its idle prompt memory after each prompt,
+#     and decode finds them there (more hits than with PI2_LEND=0, which
+#     leaves them out, and the same text); the 50 % stack runs its fault
+#     generations, each of which takes them back before its prompt, in its cap
+#     without anything killed for memory;
 #   - asking ahead: under a budget some reads are asked for before the
 #     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
@@ -105,6 +111,10 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
     check "at $pct % of the file the text equals the unbudgeted run's" $?
     cache_stats "$pct" "$run"
+    if [ "$pct" != 100 ]; then
+        grep -q "lent bundles read back" "$("$PI2" rundir -r "$run")/logs/npu-worker.log"
+        check "at $pct %: after the prompt the npu-worker reads the lent bundles into its prompt memory" $?
+    fi
     "$PI2" status -r "$run" | awk '$1 ~ /^(cachemgr|io-worker|coordinator|npu-worker|cpu-worker)/ && NF == 5 { r += $5 } END { exit r != 0 }'
     check "at $pct %: no process restarted" $?
     if [ -n "$cg" ]; then
@@ -117,21 +127,40 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
 }
 for pct in 100 60 50; do budgeted "$pct"; done
 
+# at_60_with VAR=VALUE WHAT TAG: the 60 % plan with VAR=VALUE in the stack's environment, inside its cap:
+# the text equals the unbudgeted run's (out-60-TAG.txt); the run is left up as VARIANT_RUN, its cgroup as VARIANT_CG
+at_60_with() {
+    local cg=""
+    new_run VARIANT_RUN
+    if ((can_cap)); then
+        cg=$CG_ROOT/pi2-$VARIANT_RUN
+        mkdir "$cg" && echo $(((SIZE * 60 / 100 / 1048576) << 20)) >"$cg/memory.limit_in_bytes"
+        sync && echo 3 >/proc/sys/vm/drop_caches
+    fi
+    (export "${1?}" && in_cg "$cg" "$PI2" up -r "$VARIANT_RUN" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-60") \
+        >/dev/null 2>&1
+    generate "$VARIANT_RUN" "$TMP/out-60-$3.txt" "$cg"
+    cmp -s "$TMP/ref.txt" "$TMP/out-60-$3.txt"
+    check "at 60 % $2 ($1) the text equals the unbudgeted run's" $?
+    VARIANT_CG=$cg
+}
+variant_down() {
+    "$PI2" down -r "$VARIANT_RUN" >/dev/null 2>&1
+    [ -n "$VARIANT_CG" ] && rmdir "$VARIANT_CG" 2>/dev/null
+}
+
 # PI2_PREFETCH=0: no reads before attention; the same text (the guess never decides what is computed)
-new_run RN
-cg=""
-if ((can_cap)); then
-    cg=$CG_ROOT/pi2-$RN
-    mkdir "$cg" && echo $(((SIZE * 60 / 100 / 1048576) << 20)) >"$cg/memory.limit_in_bytes"
-    sync && echo 3 >/proc/sys/vm/drop_caches
-fi
-PI2_PREFETCH=0 in_cg "$cg" "$PI2" up -r "$RN" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-60" >/dev/null 2>&1
-generate "$RN" "$TMP/out-60-noahead.txt" "$cg"
-cmp -s "$TMP/ref.txt" "$TMP/out-60-noahead.txt"
-check "at 60 % without asking ahead (PI2_PREFETCH=0) the text equals the unbudgeted run's" $?
-cache_stats 60 "$RN" noahead
-"$PI2" down -r "$RN" >/dev/null 2>&1
-[ -n "$cg" ] && rmdir "$cg" 2>/dev/null
+at_60_with PI2_PREFETCH=0 "without asking ahead" noahead
+cache_stats 60 "$VARIANT_RUN" noahead
+variant_down
+
+# PI2_LEND=0: the lent bundles stay out, so decode hits less; the same text
+at_60_with PI2_LEND=0 "without lending" nolend
+hits() { sed -n 's/.*neuron cache: \([0-9.]*\)% hits.*/\1/p' "$1"; }
+awk -v with="$(hits "$TMP/out-60.txt.err")" -v without="$(hits "$TMP/out-60-nolend.txt.err")" \
+    'BEGIN { exit !(with > without + 0.5) }'
+check "... and decode hits less than with the lent bundles ($(hits "$TMP/out-60-nolend.txt.err") % against $(hits "$TMP/out-60.txt.err") %)" $?
+variant_down
 
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN
@@ -152,6 +181,10 @@ for victim in io-worker:0.3 cpu-worker.1:1.0 cachemgr:1.5 cpu-worker.0:2.0; do
         sleep 0.1
     done
 done
+if [ -n "$LAST_CG" ]; then # each of those prompts took the lent bundles back first
+    [ "$(awk '/^oom_kill / { print $2 }' "$LAST_CG/memory.oom_control")" = 0 ]
+    check "at 50 %: five generations, the lent bundles taken back before each prompt: nothing killed for memory" $?
+fi
 "$PI2" down -r "$R50" >/dev/null 2>&1
 [ -n "$LAST_CG" ] && rmdir "$LAST_CG" 2>/dev/null
 

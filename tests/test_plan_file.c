@@ -2,7 +2,8 @@
  * message; every kind of bad plan is refused with an error naming the file
  * and the field: a truncated or corrupted file, an empty one, a directory,
  * another version, each field out of range, parts that exceed the budget,
- * counts that disagree, paths that leave the plan's directory, and a plan
+ * counts that disagree (lent bundles among them: past a layer's bundles, or
+ * more than the prompt's memory they live in), paths that leave the plan's directory, and a plan
  * made for another model file; any single corrupted byte; a bundle file
  * that is not the plan's. */
 #include <math.h>
@@ -25,7 +26,7 @@ typedef struct {
     Pi2__PlanPrediction pred;
     Pi2__PlanCurvePoint points[2];
     Pi2__PlanCurvePoint *curve[2];
-    uint32_t hot[LAYERS];
+    uint32_t hot[LAYERS], lent[LAYERS];
     uint32_t clusters[2];
 } fixture;
 
@@ -46,6 +47,8 @@ static void fixture_init(fixture *f) {
     p->per_bundle = PER_BUNDLE, p->bundle_stride = STRIDE;
     p->hot_bytes = (5 + 6 + 7) * (uint64_t)STRIDE;
     p->cold_slots = 4, p->cold_bytes = 4 * (uint64_t)STRIDE;
+    for (int l = 0; l < LAYERS; l++) f->lent[l] = (uint32_t)(2 + l);
+    p->n_lent_bundles = LAYERS, p->lent_bundles = f->lent, p->lent_bytes = (2 + 3 + 4) * (uint64_t)STRIDE;
     p->preload_bytes = 1 << 20, p->process_bytes = 1 << 20, p->staging_bytes = 1 << 16;
     p->budget_bytes = 4 << 20, p->floor_bytes = 3 << 20;
     p->bundle_file = "bundles.gguf";
@@ -98,6 +101,7 @@ static void test_round_trip(void) {
     CHECK(p != NULL, "plan_load: %s", err);
     if (!p) return;
     CHECK(p->n_layer == LAYERS && p->per_bundle == PER_BUNDLE && p->hot_bundles[2] == 7 && p->cold_slots == 4 &&
+              p->n_lent_bundles == LAYERS && p->lent_bundles[2] == 4 && p->lent_bytes == 9 * (uint64_t)STRIDE &&
               p->n_curve == 2 && p->curve[1]->tok_s == 5 && p->prediction->tok_s == 5.5 &&
               strcmp(p->placement, f.plan.placement) == 0 && strcmp(p->bundle_file, "bundles.gguf") == 0,
           "a loaded plan differs from the saved one");
@@ -119,6 +123,11 @@ static void b_hot_range(fixture *f) {
 }
 static void b_hot_bytes(fixture *f) { f->plan.hot_bytes += STRIDE; }
 static void b_cold_bytes(fixture *f) { f->plan.cold_bytes = 0; }
+static void b_lent_count(fixture *f) { f->plan.n_lent_bundles = LAYERS - 1; }
+/* layer 2 has 20 bundles, 7 of them hot */
+static void b_lent_range(fixture *f) { f->lent[2] = 14, f->plan.lent_bytes = (2 + 3 + 14) * (uint64_t)STRIDE; }
+static void b_lent_bytes(fixture *f) { f->plan.lent_bytes -= STRIDE; }
+static void b_lent_over(fixture *f) { f->plan.process_bytes = 0, f->plan.staging_bytes = 8 * STRIDE; }
 static void b_over_budget(fixture *f) { f->plan.preload_bytes = f->plan.budget_bytes; }
 static void b_floor(fixture *f) { f->plan.floor_bytes = f->plan.budget_bytes + 1; }
 static void b_stride(fixture *f) { f->plan.bundle_stride = 5000; }
@@ -149,7 +158,9 @@ static void test_bad_fields(void) {
         {"absolute path", "bundle_file", b_abs_path}, {"dotdot", "bundle_file", b_dotdot},
         {"profile path", "model_profile", b_profile_path}, {"nan", "prediction", b_nan},
         {"hit rate", "prediction", b_hit},         {"curve", "curve", b_curve},
-        {"no prediction", "prediction", b_prediction},
+        {"no prediction", "prediction", b_prediction}, {"lent count", "lent_bundles", b_lent_count},
+        {"lent range", "lent_bundles", b_lent_range}, {"lent bytes", "lent_bytes", b_lent_bytes},
+        {"lent over", "lent_bytes", b_lent_over},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         fixture f;
@@ -231,6 +242,7 @@ static void test_other_model(void) {
     f.plan.n_layer = (uint32_t)m.n_layer, f.plan.n_ff = (uint32_t)m.n_ff, f.plan.n_embd = (uint32_t)m.n_embd;
     uint32_t hot[64] = {0};
     f.plan.n_hot_bundles = (size_t)m.n_layer, f.plan.hot_bundles = hot, f.plan.hot_bytes = 0;
+    f.plan.n_lent_bundles = 0, f.plan.lent_bytes = 0;
     f.plan.model_size = m.gguf.size;
     f.plan.model_fingerprint = model_fingerprint(&m);
     f.plan.per_bundle = PER_BUNDLE;

@@ -51,6 +51,10 @@ grep -q "<- plan" "$TMP/show.out"; check "plan show prints the curve with the pl
 awk '/^  (preloaded|processes|staging|hot|cold cache) / { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) { s += $i; break } }
      END { exit !(s > 0 && s <= 150 + 5 * 0.05) }  # each printed to 0.1' "$TMP/show.out"
 check "the printed parts add up to no more than the budget" $?
+# between prompts the prompt's buffers and staging hold more bundles: some, and no more than they are
+awk '$1 == "lent" { l = $2 } $1 == "processes" { p = $2 } $1 == "staging" { s = $2 }
+     END { exit !(l > 0 && l <= p + s + 0.1) }' "$TMP/show.out"
+check "plan show lends the prompt's buffers and staging to bundles between prompts" $?
 
 # the prompt step (max-prefill): without one in the stack config, the largest of 512, 256 and 128
 # unless a smaller one is predicted 3 % faster, as the three predictions logged say; plan show names it

@@ -36,9 +36,9 @@ static bool shm_file_exists(const char *name) {
 }
 
 static const struct shm_region_spec test_regions[] = {
-    {"embeddings", 10000, SHM_ALIGN_PAGE},
-    {"norms", 100, SHM_ALIGN_CACHELINE},
-    {"cold", 3 * 4096 + 5, SHM_ALIGN_PAGE},
+    {"embeddings", 10000, SHM_ALIGN_PAGE, 0},
+    {"norms", 100, SHM_ALIGN_CACHELINE, 0},
+    {"cold", 3 * 4096 + 5, SHM_ALIGN_PAGE, 0},
 };
 #define N_TEST_REGIONS 3
 
@@ -158,6 +158,9 @@ static void region_name_unterminated(struct shm_header *h) {
     memset(h->regions[1].name, 'a', sizeof h->regions[1].name);
 }
 static void region_name_empty(struct shm_header *h) { h->regions[1].name[0] = 0; }
+static void region_bad_flags(struct shm_header *h) { h->regions[0].flags = 6; }
+/* a dense region after a sparse one */
+static void region_dense_after_sparse(struct shm_header *h) { h->regions[0].flags = SHM_REGION_SPARSE; }
 static void region_name_duplicate(struct shm_header *h) { strcpy(h->regions[2].name, h->regions[0].name); }
 
 static void test_hostile_headers(void) {
@@ -181,6 +184,8 @@ static void test_hostile_headers(void) {
     expect_refused(seg, name, region_name_unterminated, "name");
     expect_refused(seg, name, region_name_empty, "name");
     expect_refused(seg, name, region_name_duplicate, "duplicate");
+    expect_refused(seg, name, region_bad_flags, "flags");
+    expect_refused(seg, name, region_dense_after_sparse, "flags");
 
     shm_segment *ok = shm_attach(name, SHM_KIND_TEST, 0);
     CHECK(ok != NULL, "restored header attaches again: %s", shm_last_error());
@@ -307,7 +312,7 @@ static void test_prefault_speed(void) {
     char name[SHM_NAME_MAX];
     seg_name(name, "big");
     const uint64_t size = 256ull << 20;
-    struct shm_region_spec spec = {"cache", size, SHM_ALIGN_PAGE};
+    struct shm_region_spec spec = {"cache", size, SHM_ALIGN_PAGE, 0};
     shm_segment *seg = shm_create(name, SHM_KIND_WEIGHTS, &spec, 1, 0);
     CHECK(seg != NULL, "create 256 MiB: %s", shm_last_error());
     if (!seg) return;
@@ -355,7 +360,7 @@ static void test_huge_pages(void) {
     char name[SHM_NAME_MAX];
     seg_name(name, "huge");
     const uint64_t mib = 1ull << 20;
-    struct shm_region_spec spec = {"cache", 8 * mib, SHM_ALIGN_PAGE};
+    struct shm_region_spec spec = {"cache", 8 * mib, SHM_ALIGN_PAGE, 0};
     long before = shmem_pmd_kb();
     shm_segment *seg = shm_create(name, SHM_KIND_WEIGHTS, &spec, 1, 0);
     CHECK(seg != NULL, "create 8 MiB: %s", shm_last_error());
@@ -390,11 +395,66 @@ static void test_huge_pages(void) {
     shm_detach(seg);
     shm_unlink_name(name);
     seg_name(name, "small");
-    struct shm_region_spec small = {"cache", 64 * 1024, SHM_ALIGN_PAGE};
+    struct shm_region_spec small = {"cache", 64 * 1024, SHM_ALIGN_PAGE, 0};
     seg = shm_create(name, SHM_KIND_WEIGHTS, &small, 1, 0);
     CHECK(seg && shm_huge_pages(seg, NULL) == EINVAL, "a 68 KiB segment stays on 4 KiB pages (EINVAL)");
     shm_detach(seg);
     shm_unlink_name(name);
+}
+
+/* Bytes of the segment's file that hold pages. */
+static uint64_t allocated_bytes(const char *name) {
+    struct stat st;
+    int fd = shm_open(name, O_RDONLY, 0);
+    uint64_t bytes = fd >= 0 && fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : UINT64_MAX;
+    if (fd >= 0) close(fd);
+    return bytes;
+}
+
+/* A sparse region holds no pages until written: not when made, nor when an
+ * attacher populates its mapping; written pages read back in every mapping;
+ * a punch gives them back (in every mapping: they read zero again), and only
+ * a sparse region can be punched. It starts at a 2 MiB boundary after the
+ * dense ones. */
+static void test_sparse_region(void) {
+    char name[SHM_NAME_MAX];
+    seg_name(name, "sparse");
+    const uint64_t mib = 1ull << 20;
+    const struct shm_region_spec specs[] = {{"table", 5000, SHM_ALIGN_CACHELINE, 0},
+                                            {"lent", 6 * mib, SHM_ALIGN_PAGE, SHM_REGION_SPARSE}};
+    shm_segment *seg = shm_create(name, SHM_KIND_TEST, specs, 2, 0);
+    CHECK(seg != NULL, "create with a sparse region: %s", shm_last_error());
+    if (!seg) return;
+    const struct shm_region *r = shm_region_at(seg, 1);
+    CHECK(r && r->offset % (2 * mib) == 0 && r->flags == SHM_REGION_SPARSE, "the sparse region at %llu",
+          r ? (unsigned long long)r->offset : 0ULL);
+    CHECK(allocated_bytes(name) < mib, "made: %llu bytes allocated", (unsigned long long)allocated_bytes(name));
+    shm_segment *att = shm_attach(name, SHM_KIND_TEST, 0);
+    CHECK(att != NULL, "attach: %s", shm_last_error());
+    if (!att) goto out;
+    CHECK(allocated_bytes(name) < mib, "attached (populated): %llu bytes allocated",
+          (unsigned long long)allocated_bytes(name));
+    uint64_t bytes;
+    uint8_t *w = shm_region_ptr(seg, "lent", &bytes), *rd = shm_region_ptr(att, "lent", &bytes);
+    memset(w, 0x5a, 4 * mib);
+    CHECK(rd[0] == 0x5a && rd[4 * mib - 1] == 0x5a && rd[4 * mib] == 0, "the attacher reads what was written");
+    CHECK(allocated_bytes(name) >= 4 * mib, "written: %llu bytes allocated", (unsigned long long)allocated_bytes(name));
+    CHECK(shm_region_punch(att, "lent") == 0, "punch: %s", shm_last_error());
+    CHECK(allocated_bytes(name) < mib, "punched: %llu bytes allocated", (unsigned long long)allocated_bytes(name));
+    CHECK(w[0] == 0 && rd[4 * mib - 1] == 0, "punched pages read zero in both mappings");
+    CHECK(shm_region_punch(att, "table") != 0 && strstr(shm_last_error(), "not sparse"), "a dense region punched");
+    CHECK(shm_region_punch(att, "none") != 0 && strstr(shm_last_error(), "no region"), "a missing region punched");
+    shm_detach(att);
+out:
+    shm_detach(seg);
+    shm_unlink_name(name);
+    const struct shm_region_spec dense_after[] = {{"lent", 4096, SHM_ALIGN_PAGE, SHM_REGION_SPARSE},
+                                                  {"table", 64, SHM_ALIGN_CACHELINE, 0}};
+    CHECK(shm_create(name, SHM_KIND_TEST, dense_after, 2, 0) == NULL && strstr(shm_last_error(), "flags"),
+          "a dense region after a sparse one was laid out");
+    const struct shm_region_spec unaligned[] = {{"lent", 4096, SHM_ALIGN_CACHELINE, SHM_REGION_SPARSE}};
+    CHECK(shm_create(name, SHM_KIND_TEST, unaligned, 1, 0) == NULL && strstr(shm_last_error(), "flags"),
+          "a sparse region aligned to cache lines was laid out");
 }
 
 /* A reserved-only segment is as valid as a prefaulted one: same header,
@@ -483,6 +543,7 @@ int main(void) {
     test_prefault_speed();
     test_no_prefault();
     test_huge_pages();
+    test_sparse_region();
     test_unlink_by_prefix();
     cleanup();
     char prefix[SHM_NAME_MAX];

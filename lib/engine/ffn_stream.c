@@ -13,6 +13,7 @@
 
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/pages.h"
 
 /* One selected tensor's rows of one piece: the file range read for them and where they land in a slot. */
 typedef struct {
@@ -422,6 +423,19 @@ void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, double *wait_s, doub
 }
 
 bool ffn_stream_direct(const ffn_stream *s) { return atomic_load(&s->direct); }
+
+void ffn_stream_release(ffn_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->queued; i++) s->slots[s->queue[i]].state = SLOT_EMPTY, s->slots[s->queue[i]].piece = -1;
+    s->queued = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        while (s->slots[i].state == SLOT_READING) pthread_cond_wait(&s->done, &s->mu);
+        s->slots[i].state = SLOT_EMPTY, s->slots[i].piece = -1;
+        pages_release(s->slots[i].buf, s->slot_bytes);
+    }
+    s->current = -1;
+    pthread_mutex_unlock(&s->mu);
+}
 
 void ffn_stream_close(ffn_stream *s) {
     if (!s) return;

@@ -104,6 +104,11 @@ void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, double *wait_s, doub
 /* Reads bypass the page cache (O_DIRECT); false after the fallback. */
 bool ffn_stream_direct(const ffn_stream *s);
 
+/* Between prompts: drops the reads queued ahead, waits for the one in
+ * progress and gives the slots' pages back (pages_release); the next
+ * ffn_stream_piece reads into them again. */
+void ffn_stream_release(ffn_stream *s);
+
 /* Stops the reader (a read in progress ends after its current chunk), joins
  * it and frees everything. NULL is fine. */
 void ffn_stream_close(ffn_stream *s);

@@ -1,6 +1,7 @@
 /* The dense prompt pass (prompt.h). */
 #include "engine/prompt.h"
 #include "util/calloc_flagged.h"
+#include "util/pages.h"
 #include "kernels/sparse_kernels.h"
 
 #include <stdio.h>
@@ -468,6 +469,16 @@ prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool,
     }
     for (size_t t = 0; t < d.T; t++) p->in[t] = (act_vec){NULL, p->in_f16 + t * d.wide, p->in_q8 + t * d.q8_blocks};
     return p;
+}
+
+void prompt_pass_release(prompt_pass *p) {
+    const pass_dims d = dims_of(p->m, p->max_tok, p->n_ctx, p->n_threads);
+    for (size_t i = 0; i < d.nth; i++) pages_release(p->scratch[i], d.scratch);
+    gemm_acts_release(&p->acts);
+    /* `in` only points into in_f16 and in_q8: kept, it is one entry a token */
+#define RELEASE(field, count) if ((void *)p->field != (void *)p->in) pages_release(p->field, (count) * sizeof *p->field);
+    PASS_BUFFERS(RELEASE)
+#undef RELEASE
 }
 
 void prompt_pass_free(prompt_pass *p) {

@@ -71,6 +71,9 @@ long prompt_pass_neuron_step(const model *m);
 prompt_pass *prompt_pass_new(const model *m, const kernels *k, threadpool *pool, int max_tok, int n_ctx, char *err,
                              size_t errlen);
 void prompt_pass_free(prompt_pass *p);
+/* Gives the buffers' pages back between prompts (pages_release: they are
+ * allocated again, zeroed, as the next run touches them). */
+void prompt_pass_release(prompt_pass *p);
 /* The bytes prompt_pass_new allocates for these sizes with n_threads threads. */
 size_t prompt_pass_bytes(const model *m, int max_tok, int n_ctx, int n_threads);
 

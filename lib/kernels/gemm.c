@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gguf/f16.h"
+#include "util/pages.h"
 
 static size_t tiles_of(int n_tok) { return (size_t)(n_tok + GEMM_TILE - 1) / GEMM_TILE; }
 
@@ -45,6 +46,14 @@ void gemm_acts_free(gemm_acts *a) {
     free(a->d);
     free(a->sum);
     memset(a, 0, sizeof *a);
+}
+
+void gemm_acts_release(gemm_acts *a) {
+    size_t qs, d, sum;
+    acts_sizes(a->max_tok, a->max_nb * QK8_0, &qs, &d, &sum);
+    pages_release(a->qs, qs);
+    pages_release(a->d, d);
+    pages_release(a->sum, sum);
 }
 
 void gemm_acts_begin(gemm_acts *a, int n_tok, int n) {

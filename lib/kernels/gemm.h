@@ -44,6 +44,8 @@ typedef struct {
 int gemm_acts_init(gemm_acts *a, int max_tok, int max_cols);
 size_t gemm_acts_bytes(int max_tok, int max_cols); /* what gemm_acts_init allocates */
 void gemm_acts_free(gemm_acts *a);
+/* Gives the buffers' pages back (pages_release); gemm_acts_begin refills what it uses. */
+void gemm_acts_release(gemm_acts *a);
 /* Pack n_tok tokens of n columns (x[t]: token t's n / 32 Q8_0 blocks); within capacity. */
 void gemm_acts_pack(gemm_acts *a, const block_q8_0 *const *x, int n_tok, int n);
 /* The same in steps, so threads can pack tokens side by side: begin sets the

@@ -36,6 +36,30 @@ static bool plain_relative(const char *s) {
     return true;
 }
 
+/* The bundles lent between prompts: after each layer's hot ones, in the prefill's memory. */
+static int check_lent(const Pi2__Plan *p, const char *path, long n_bundles, char *err, size_t errlen) {
+    if (p->n_lent_bundles != 0 && p->n_lent_bundles != p->n_layer) {
+        err_set(err, errlen, "%s: plan field 'lent_bundles' has %zu layers, the plan's n_layer is %u", path,
+                p->n_lent_bundles, p->n_layer);
+        return -1;
+    }
+    uint64_t lent = 0;
+    for (size_t l = 0; l < p->n_lent_bundles; l++) {
+        if (p->lent_bundles[l] > (uint64_t)n_bundles - p->hot_bundles[l]) {
+            err_set(err, errlen, "%s: plan field 'lent_bundles' of layer %zu is %u, above the layer's %ld bundles "
+                    "after its %u hot ones", path, l, p->lent_bundles[l], n_bundles - (long)p->hot_bundles[l],
+                    p->hot_bundles[l]);
+            return -1;
+        }
+        lent += p->lent_bundles[l];
+    }
+    if (lent * p->bundle_stride != p->lent_bytes)
+        return bad(err, errlen, path, "lent_bytes", "is not the lent bundles times bundle_stride");
+    if (p->lent_bytes > p->process_bytes + p->staging_bytes)
+        return bad(err, errlen, path, "lent_bytes", "is more than the processes' memory and the staging");
+    return 0;
+}
+
 static int check_memory(const Pi2__Plan *p, const char *path, char *err, size_t errlen) {
     const uint64_t parts[] = {p->preload_bytes, p->process_bytes, p->staging_bytes, p->hot_bytes, p->cold_bytes};
     uint64_t sum = 0;
@@ -70,7 +94,7 @@ static int check_memory(const Pi2__Plan *p, const char *path, char *err, size_t 
     if ((uint64_t)p->cold_slots > UINT64_MAX / p->bundle_stride ||
         (uint64_t)p->cold_slots * p->bundle_stride != p->cold_bytes)
         return bad(err, errlen, path, "cold_bytes", "is not cold_slots times bundle_stride");
-    return 0;
+    return check_lent(p, path, n_bundles, err, errlen);
 }
 
 static int check_prediction(const Pi2__Plan *p, const char *path, char *err, size_t errlen) {

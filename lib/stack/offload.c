@@ -9,6 +9,7 @@
 #include "engine/predictor.h"
 #include "plan/plan_file.h"
 #include "stack/neuron_cache.h"
+#include "stack/stack.h"
 
 #define PAGE 4096u
 
@@ -148,13 +149,16 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
     o->cold_slots = p->cold_slots;
     o->cold_bytes = (uint64_t)(p->cold_slots ? p->cold_slots : 1) * o->stride;
     o->hot_offset = calloc((size_t)m->n_layer, sizeof *o->hot_offset);
-    if (!o->hot_offset) {
+    o->lent_offset = calloc((size_t)m->n_layer, sizeof *o->lent_offset);
+    if (!o->hot_offset || !o->lent_offset) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     for (int l = 0; l < m->n_layer; l++) {
         o->hot_offset[l] = o->hot_bytes;
         o->hot_bytes += (uint64_t)p->hot_bundles[l] * o->stride;
+        o->lent_offset[l] = o->lent_bytes;
+        o->lent_bytes += (uint64_t)offload_lent_bundles(o, l) * o->stride;
     }
     const ncache_shape shape = offload_cache_shape(o, m);
     if (!(o->table_bytes = ncache_table_bytes(&shape))) {
@@ -163,7 +167,10 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
         goto fail;
     }
     o->unit = pow2_dividing(PAGE | o->gate_bytes | o->up_bytes | o->down_bytes);
-    if ((offload_hot_region_bytes(o) + o->cold_bytes + PAGE) / o->unit > INT32_MAX) {
+    /* the lent region comes after the table and the pin logs, at a 2 MiB boundary */
+    const uint64_t reach = offload_hot_region_bytes(o) + o->cold_bytes + o->table_bytes +
+                           offload_pin_log_bytes(o, STACK_MAX_CPU_WORKERS) + o->lent_bytes + 2 * SHM_SPARSE_ALIGN;
+    if (reach / o->unit > INT32_MAX) {
         snprintf(err, errlen, "%s: the neuron cache (%llu bytes) is too large to address in units of %zu bytes",
                  o->plan_path, (unsigned long long)(o->hot_bytes + o->cold_bytes), o->unit);
         goto fail;
@@ -180,6 +187,7 @@ void offload_close(offload *o) {
     plan_free(o->plan);
     free(o->ranges);
     free(o->hot_offset);
+    free(o->lent_offset);
     free(o->pos_of);
     memset(o, 0, sizeof *o);
 }
@@ -217,6 +225,11 @@ ncache_shape offload_cache_shape(const offload *o, const model *m) {
 void offload_hot_range(const offload *o, int l, uint64_t *file_offset, uint64_t *bytes) {
     *file_offset = bundle_file_offset(&o->bundles, l, 0);
     *bytes = (uint64_t)o->plan->hot_bundles[l] * o->stride;
+}
+
+void offload_lent_range(const offload *o, int l, uint64_t *file_offset, uint64_t *bytes) {
+    *file_offset = bundle_file_offset(&o->bundles, l, o->plan->hot_bundles[l]);
+    *bytes = (uint64_t)offload_lent_bundles(o, l) * o->stride;
 }
 
 uint64_t offload_pin_log_bytes(const offload *o, int n_workers) {

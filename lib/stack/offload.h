@@ -15,7 +15,10 @@
  * Neuron cache segment (STACK_SEG_FFN): region "hot" holds each layer's
  * first plan.hot_bundles[l] bundles (the hottest, one sequential range of
  * the bundle file per layer), region "cold" plan.cold_slots bundle-sized
- * slots and region "table" their slot table (stack/neuron_cache.h).
+ * slots and region "table" their slot table (stack/neuron_cache.h). Under a
+ * plan that lends the prefill's memory, sparse region "lent" holds each
+ * layer's next plan.lent_bundles[l] bundles between prompts, and region
+ * "lend" the flag that says they are there (offload_lend).
  *
  * A neuron's rows are addressed for the sparse kernels as
  * base + idx * unit (+ gate/up/down sub-offset), base the hot region and unit
@@ -36,7 +39,15 @@
 #include "stack/neuron_cache.h"
 #include "stack/shm.h"
 
-#define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table", "pins" */
+#define STACK_SEG_FFN "ffn" /* regions "hot", "cold", "table", "pins" [, "lend", "lent"] */
+
+/* Region "lend": whether region "lent" holds its bundles. The npu-worker
+ * clears it and gives the pages back before a prompt, and sets it once it
+ * has read them again after the prompt; a cpu-worker reads it once a layer
+ * step and, while it is clear, finds those bundles through the cold cache. */
+typedef struct {
+    _Atomic uint32_t ready;
+} offload_lend;
 
 /* One page-aligned file range of preloaded tensors, and where it lands. */
 typedef struct {
@@ -56,6 +67,8 @@ typedef struct {
     uint64_t predictor_image_offset, predictor_image_bytes; /* in it: the one Q8_0 copy of an F16 PowerInfer
                                     * predictor every cpu-worker reads (predictor_q8_0_image_bytes; 0: none) */
     uint64_t *hot_offset;          /* [n_layer]: layer l's hot bundles in the hot region */
+    uint64_t *lent_offset;         /* [n_layer]: layer l's lent bundles in the lent region */
+    uint64_t lent_bytes;           /* 0: the plan lends nothing */
     uint64_t hot_bytes, cold_bytes, table_bytes;
     uint32_t cold_slots;
     size_t stride, gate_bytes, up_bytes, down_bytes, neuron_bytes;
@@ -95,5 +108,11 @@ ncache_shape offload_cache_shape(const offload *o, const model *m);
 
 /* Layer l's hot bundles in the bundle file: [*file_offset, + *bytes). */
 void offload_hot_range(const offload *o, int l, uint64_t *file_offset, uint64_t *bytes);
+/* Layer l's lent bundles (those after its hot ones) in the bundle file. */
+void offload_lent_range(const offload *o, int l, uint64_t *file_offset, uint64_t *bytes);
+/* Bundles of layer l lent between prompts (0 when the plan lends none). */
+static inline uint32_t offload_lent_bundles(const offload *o, int l) {
+    return o->plan->n_lent_bundles ? o->plan->lent_bundles[l] : 0;
+}
 
 #endif

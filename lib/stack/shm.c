@@ -109,12 +109,23 @@ int shm_validate_header(const struct shm_header *h, uint64_t file_size, enum shm
             return -1;
         }
         if (r->align != SHM_ALIGN_CACHELINE && r->align != SHM_ALIGN_PAGE) {
-            set_err("region '%s' align: %llu, must be 64 or 4096", r->name, (unsigned long long)r->align);
+            set_err("region '%s' align: %u, must be 64 or 4096", r->name, r->align);
             return -1;
         }
         if (r->offset % r->align) {
-            set_err("region '%s' offset: %llu not aligned to %llu", r->name, (unsigned long long)r->offset,
-                    (unsigned long long)r->align);
+            set_err("region '%s' offset: %llu not aligned to %u", r->name, (unsigned long long)r->offset, r->align);
+            return -1;
+        }
+        if (r->flags & ~SHM_REGION_SPARSE) {
+            set_err("region '%s' flags: %#x, only sparse (1) is known", r->name, r->flags);
+            return -1;
+        }
+        if (i > 0 && (h->regions[i - 1].flags & SHM_REGION_SPARSE) && !(r->flags & SHM_REGION_SPARSE)) {
+            set_err("region '%s' flags: not sparse after a sparse region", r->name);
+            return -1;
+        }
+        if ((r->flags & SHM_REGION_SPARSE) && (r->align != SHM_ALIGN_PAGE || r->size % SHM_ALIGN_PAGE)) {
+            set_err("region '%s' flags: sparse, but not whole pages", r->name);
             return -1;
         }
         if (r->offset < SHM_HEADER_SIZE || r->offset > file_size || r->size > file_size - r->offset) {
@@ -157,7 +168,13 @@ static int layout_regions(struct shm_header *h, const struct shm_region_spec *sp
             set_err("region '%s' align: must be 64 or 4096", s->name);
             return -1;
         }
-        uint64_t off = (end + s->align - 1) & ~(s->align - 1);
+        if (s->flags & ~SHM_REGION_SPARSE || ((s->flags & SHM_REGION_SPARSE) && s->align != SHM_ALIGN_PAGE)) {
+            set_err("region '%s' flags: %#x (sparse regions are page-aligned)", s->name, s->flags);
+            return -1;
+        }
+        const bool first_sparse = (s->flags & SHM_REGION_SPARSE) && !(i > 0 && (specs[i - 1].flags & SHM_REGION_SPARSE));
+        const uint64_t align = first_sparse ? SHM_SPARSE_ALIGN : s->align;
+        uint64_t off = (end + align - 1) & ~(align - 1);
         if (s->size > UINT64_MAX / 2 || off > UINT64_MAX / 2 - s->size) {
             set_err("region '%s' size: too large", s->name);
             return -1;
@@ -166,12 +183,25 @@ static int layout_regions(struct shm_header *h, const struct shm_region_spec *sp
         r->offset = off;
         r->size = s->size;
         r->align = s->align;
+        r->flags = s->flags;
         end = off + s->size;
     }
     h->n_regions = (uint32_t)n_specs;
     /* Whole pages, so the mapping has no partial page past the last region. */
     h->total_size = (end + SHM_ALIGN_PAGE - 1) & ~(uint64_t)(SHM_ALIGN_PAGE - 1);
     return 0;
+}
+
+/* The end of the segment's last region that is not sparse, in whole pages
+ * (its size when none is sparse): the part that is reserved, prefaulted and
+ * populated. The gap up to the first sparse region stays a hole. */
+static uint64_t dense_end(const struct shm_region *regions, int n, uint64_t size) {
+    uint64_t end = SHM_HEADER_SIZE;
+    for (int i = 0; i < n; i++) {
+        if (!(regions[i].flags & SHM_REGION_SPARSE)) end = regions[i].offset + regions[i].size;
+        else return (end + SHM_ALIGN_PAGE - 1) & ~(uint64_t)(SHM_ALIGN_PAGE - 1);
+    }
+    return size;
 }
 
 /* Marks a segment about to be replaced as stale (for processes still
@@ -216,6 +246,10 @@ static int prefault(uint8_t *base, uint64_t size) {
     return 0;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
 /* 2 MiB pages (huge pages) for the segments: a decode token reads weight
  * rows scattered over gigabytes, and with 4 KiB pages nearly every row costs
  * a TLB miss and a page walk (a nested one in a VM). tmpfs (/dev/shm) gives
@@ -251,10 +285,10 @@ static uint8_t *map_segment(int fd, uint64_t size, int prot, int flags) {
 
 /* Best effort: the segment's (allocated) pages into 2 MiB pages. A kernel
  * without MADV_COLLAPSE, or no free 2 MiB blocks, leaves 4 KiB pages. */
-static void collapse_huge(shm_segment *seg, unsigned flags) {
+static void collapse_huge(shm_segment *seg, uint64_t dense, unsigned flags) {
     double t0 = clock_seconds();
-    seg->huge_errno = seg->size < HUGE_PAGE ? EINVAL : flags & SHM_CREATE_SMALL_PAGES ? ECANCELED : 0;
-    if (!seg->huge_errno && madvise(seg->base, seg->size & ~(uint64_t)(HUGE_PAGE - 1), MADV_COLLAPSE))
+    seg->huge_errno = dense < HUGE_PAGE ? EINVAL : flags & SHM_CREATE_SMALL_PAGES ? ECANCELED : 0;
+    if (!seg->huge_errno && madvise(seg->base, dense & ~(uint64_t)(HUGE_PAGE - 1), MADV_COLLAPSE))
         seg->huge_errno = errno;
     seg->huge_seconds = clock_seconds() - t0;
 }
@@ -312,11 +346,12 @@ shm_segment *shm_create(const char *name, enum shm_kind kind, const struct shm_r
         set_err("mmap %s: %s", name, strerror(errno));
         goto fail;
     }
-    if (reserve(seg->fd, seg->size)) goto fail;
-    collapse_huge(seg, flags);
+    const uint64_t dense = dense_end(h.regions, (int)h.n_regions, seg->size);
+    if (reserve(seg->fd, dense)) goto fail;
+    collapse_huge(seg, dense, flags);
     double t0 = clock_seconds();
     if (!(flags & SHM_CREATE_NO_PREFAULT)) {
-        if (prefault(seg->base, seg->size)) goto fail;
+        if (prefault(seg->base, dense)) goto fail;
         seg->prefault_seconds = clock_seconds() - t0;
     }
 
@@ -367,12 +402,15 @@ shm_segment *shm_attach(const char *name, enum shm_kind kind, unsigned flags) {
     if (shm_validate_header(&snap, (uint64_t)st.st_size, kind)) goto fail;
     seg->size = (uint64_t)st.st_size;
     int prot = ro ? PROT_READ : PROT_READ | PROT_WRITE;
-    int populate = flags & SHM_ATTACH_NO_POPULATE ? 0 : MAP_POPULATE;
-    seg->base = map_segment(seg->fd, seg->size, prot, MAP_SHARED | populate);
+    /* MAP_POPULATE would allocate the holes of a sparse region: populate up to it instead */
+    const uint64_t dense = dense_end(snap.regions, (int)snap.n_regions, seg->size);
+    const bool populate = !(flags & SHM_ATTACH_NO_POPULATE);
+    seg->base = map_segment(seg->fd, seg->size, prot, MAP_SHARED | (populate && dense == seg->size ? MAP_POPULATE : 0));
     if (!seg->base) {
         set_err("mmap %s: %s", name, strerror(errno));
         goto fail;
     }
+    if (populate && dense < seg->size) (void)madvise(seg->base, dense, MADV_POPULATE_READ); /* best effort */
     seg->hdr = (struct shm_header *)seg->base;
     seg->attached_generation = snap.generation;
     copy_regions(seg, &snap);
@@ -402,6 +440,24 @@ void *shm_base(const shm_segment *seg) { return seg->base; }
 uint64_t shm_size(const shm_segment *seg) { return seg->size; }
 const char *shm_name(const shm_segment *seg) { return seg->name; }
 int shm_region_count(const shm_segment *seg) { return seg->n_regions; }
+
+int shm_region_punch(shm_segment *seg, const char *name) {
+    for (int i = 0; i < seg->n_regions; i++) {
+        const struct shm_region *r = &seg->regions[i];
+        if (strcmp(r->name, name)) continue;
+        if (!(r->flags & SHM_REGION_SPARSE)) {
+            set_err("region '%s' of %s is not sparse", name, seg->name);
+            return -1;
+        }
+        if (r->size && fallocate(seg->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->offset, (off_t)r->size)) {
+            set_err("punching region '%s' of %s: %s", name, seg->name, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    set_err("%s has no region '%s'", seg->name, name);
+    return -1;
+}
 double shm_prefault_seconds(const shm_segment *seg) { return seg->prefault_seconds; }
 int shm_huge_pages(const shm_segment *seg, double *seconds) {
     if (seconds) *seconds = seg->huge_seconds;

@@ -36,11 +36,20 @@ enum shm_kind {
 #define SHM_ALIGN_CACHELINE 64u
 #define SHM_ALIGN_PAGE 4096u
 
+/* Region flags. A sparse region holds memory only while its owner fills it:
+ * shm_create neither reserves nor prefaults it, shm_attach does not populate
+ * it, and shm_region_punch gives its pages back. Sparse regions come after
+ * every other one, the first at a 2 MiB boundary, so the segment's 2 MiB
+ * pages end before it. */
+#define SHM_REGION_SPARSE 1u
+#define SHM_SPARSE_ALIGN (2u << 20)
+
 struct shm_region {
     char name[SHM_REGION_NAME_MAX];
     uint64_t offset; /* from the start of the segment */
     uint64_t size;
-    uint64_t align; /* SHM_ALIGN_CACHELINE or SHM_ALIGN_PAGE */
+    uint32_t align; /* SHM_ALIGN_CACHELINE or SHM_ALIGN_PAGE */
+    uint32_t flags; /* SHM_REGION_SPARSE or 0 */
 };
 
 /* The on-segment header. Fixed-width fields; read it only through
@@ -61,7 +70,8 @@ struct shm_header {
 struct shm_region_spec {
     const char *name;
     uint64_t size;
-    uint64_t align; /* SHM_ALIGN_CACHELINE or SHM_ALIGN_PAGE */
+    uint32_t align; /* SHM_ALIGN_CACHELINE or SHM_ALIGN_PAGE */
+    uint32_t flags; /* SHM_REGION_SPARSE: page-aligned, after the others */
 };
 
 typedef struct shm_segment shm_segment;
@@ -113,6 +123,9 @@ const char *shm_name(const shm_segment *seg);
 int shm_region_count(const shm_segment *seg);
 const struct shm_region *shm_region_at(const shm_segment *seg, int i);
 void *shm_region_ptr(const shm_segment *seg, const char *name, uint64_t *size);
+/* Gives a sparse region's pages back (in every process mapping it; a later
+ * touch reads zeros and allocates again). 0, or -1 with shm_last_error(). */
+int shm_region_punch(shm_segment *seg, const char *name);
 
 uint64_t shm_generation(const shm_segment *seg);
 /* True when the creator re-initialised or replaced the segment since this
