@@ -14,7 +14,8 @@
 #     and decode finds them there (more hits than with PI2_LEND=0, which
 #     leaves them out, and the same text); the 50 % stack runs its fault
 #     generations, each of which takes them back before its prompt, in its cap
-#     without anything killed for memory;
+#     without anything killed for memory; a prompt of several steps reads them
+#     back once, after its last, and gives the unbudgeted text;
 #   - asking ahead: under a budget some reads are asked for before the
 #     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
@@ -60,6 +61,11 @@ new_run R
 check "the unbudgeted stack comes up (predictor mode)" $?
 generate "$R" "$TMP/ref.txt"
 check "the unbudgeted stack generates" $?
+# a prompt of several max-prefill steps (32 tokens each)
+LONG="$PROMPT girl who lived in a house by the sea. Every day she walked to the shore and looked at the boats.
+She wanted to sail far away and see the world, but her mother said she was too young."
+"$PI2" run -r "$R" -p "$LONG" -n 8 --seed 1 >"$TMP/ref-long.txt" 2>"$TMP/ref-long.err"
+check "the unbudgeted stack generates after a prompt of several steps" $?
 ! grep -q "neuron cache" "$TMP/ref.txt.err" && ! "$PI2" status -r "$R" | grep -q "neuron cache"
 check "the unbudgeted stack's timing line and pi2 status show no neuron cache" $?
 "$PI2" down -r "$R" >/dev/null 2>&1
@@ -164,6 +170,15 @@ variant_down
 
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN
+# a prompt of several steps: the lent bundles are taken back before each and read back once, after the last
+npu_log_count() { grep -c "$1" "$("$PI2" rundir -r "$R50")/logs/npu-worker.log"; }
+reads0=$(npu_log_count "lent bundles read back") steps0=$(npu_log_count "prefilled")
+in_cg "$LAST_CG" "$PI2" run -r "$R50" -p "$LONG" -n 8 --seed 1 >"$TMP/long-50.txt" 2>"$TMP/long-50.err"
+cmp -s "$TMP/ref-long.txt" "$TMP/long-50.txt"
+check "at 50 % a prompt of several steps gives the unbudgeted text" $?
+reads=$(($(npu_log_count "lent bundles read back") - reads0)) steps=$(($(npu_log_count "prefilled") - steps0))
+[ "$reads" = 1 ] && [ "$steps" -ge 2 ]
+check "... the lent bundles read back once, after its last step ($reads read backs, $steps steps)" $?
 # each process that takes part in a budgeted decode, killed -9 while misses are in flight (decode runs
 # from about 0.3 s to 4 s of the generation; most of it waiting for reads)
 for victim in io-worker:0.3 cpu-worker.1:1.0 cachemgr:1.5 cpu-worker.0:2.0; do
