@@ -12,13 +12,14 @@
 
 static int check_hot(const cachemgr *c, const uint8_t *hot) {
     const offload *o = &c->off;
-    for (int l = 0; l < c->m.n_layer; l++)
-        for (uint32_t b = 0; b < o->plan->hot_bundles[l]; b++)
-            if (!bundle_check(&o->bundles, l, b, hot + o->hot_offset[l] + (uint64_t)b * o->stride)) {
-                log_error("%s: layer %d's bundle %u (file offset %llu) as read does not match its checksum",
-                          o->bundle_path, l, b, (unsigned long long)bundle_file_offset(&o->bundles, l, b));
-                return -1;
-            }
+    for (int l = 0; l < c->m.n_layer; l++) {
+        const long b = bundle_check_run(&o->bundles, l, 0, (long)o->plan->hot_bundles[l], hot + o->hot_offset[l]);
+        if (b >= 0) {
+            log_error("%s: layer %d's bundle %ld (file offset %llu) as read does not match its checksum",
+                      o->bundle_path, l, b, (unsigned long long)bundle_file_offset(&o->bundles, l, b));
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -108,14 +108,18 @@ static void trace_step(ffn_offload *o, int l) {
     fwrite((uint32_t[2]){CACHE_TRACE_STEP_END, 0}, sizeof(uint32_t), 2, o->trace);
 }
 
-/* Regions "lend" and "lent" of a plan that lends the prompt's memory. */
+/* Regions "lend" and "lent" of a plan that lends the prompt's memory; the rows there addressed from base. */
 static int attach_lent(ffn_offload *o, const char *seg_name) {
-    uint64_t flag_bytes = 0, lent_bytes = 0;
-    o->lend = shm_region_ptr(o->seg, "lend", &flag_bytes);
-    o->lent = shm_region_ptr(o->seg, "lent", &lent_bytes);
-    if (!o->lend || !o->lent || flag_bytes < sizeof *o->lend || lent_bytes < o->off->lent_bytes ||
-        o->lent < o->base || (uint64_t)(o->lent - o->base) % o->off->unit) {
-        log_error("%s: the lend and lent regions are missing, smaller than the plan's or not addressable", seg_name);
+    char err[256];
+    offload_lend *flag;
+    uint8_t *lent;
+    if (offload_lent_regions(o->seg, o->off, &flag, &lent, err, sizeof err)) {
+        log_error("%s: %s", seg_name, err);
+        return -1;
+    }
+    o->lend = flag, o->lent = lent;
+    if (o->lent < o->base || (uint64_t)(o->lent - o->base) % o->off->unit) {
+        log_error("%s: the lent region is not addressable from the hot one", seg_name);
         return -1;
     }
     return 0;

@@ -19,7 +19,6 @@ struct lender {
     shm_segment *seg;
     offload_lend *flag;
     uint8_t *lent;
-    uint64_t lent_bytes;
     uring_reader *reader;
     io_job *jobs;          /* the fill's reads, destinations set as the region is mapped */
     uint64_t *dest_offset; /* [n_jobs]: each read's place in the region */
@@ -31,12 +30,10 @@ static int attach(lender *L) {
     if (L->seg && !shm_is_stale(L->seg)) return 0;
     shm_detach(L->seg);
     L->seg = NULL;
-    uint64_t flag_bytes = 0;
+    char err[256];
     if (!(L->seg = shm_attach(L->seg_name, SHM_KIND_SLOTS, SHM_ATTACH_NO_POPULATE)) ||
-        !(L->flag = shm_region_ptr(L->seg, "lend", &flag_bytes)) || flag_bytes < sizeof *L->flag ||
-        !(L->lent = shm_region_ptr(L->seg, "lent", &L->lent_bytes)) || L->lent_bytes != L->off->lent_bytes) {
-        log_error("neuron cache segment %s: no lend/lent regions of the plan's %llu bytes (%s)", L->seg_name,
-                  (unsigned long long)L->off->lent_bytes, shm_last_error());
+        offload_lent_regions(L->seg, L->off, &L->flag, &L->lent, err, sizeof err)) {
+        log_error("neuron cache segment %s: %s", L->seg_name, L->seg ? err : shm_last_error());
         shm_detach(L->seg);
         L->seg = NULL;
         return -1;
@@ -47,22 +44,17 @@ static int attach(lender *L) {
 /* Each layer's lent range cut into reads of FILL_READ_BYTES. */
 static int plan_reads(lender *L) {
     const offload *o = L->off;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t n = 0;
-        for (int l = 0; l < L->sv->m.n_layer; l++) {
-            uint64_t file_offset, bytes;
-            offload_lent_range(o, l, &file_offset, &bytes);
-            for (uint64_t at = 0; at < bytes; at += FILL_READ_BYTES, n++)
-                if (pass) {
-                    const uint64_t len = bytes - at < FILL_READ_BYTES ? bytes - at : FILL_READ_BYTES;
-                    L->jobs[n] = (io_job){.file_offset = file_offset + at, .length = (uint32_t)len};
-                    L->dest_offset[n] = o->lent_offset[l] + at;
-                }
+    const size_t most = (size_t)(o->lent_bytes / FILL_READ_BYTES) + (size_t)L->sv->m.n_layer; /* a short read a layer */
+    if (!(L->jobs = calloc(most, sizeof *L->jobs)) || !(L->dest_offset = calloc(most, sizeof *L->dest_offset)))
+        return -1;
+    for (int l = 0; l < L->sv->m.n_layer; l++) {
+        uint64_t file_offset, bytes;
+        offload_lent_range(o, l, &file_offset, &bytes);
+        for (uint64_t at = 0; at < bytes; at += FILL_READ_BYTES, L->n_jobs++) {
+            const uint64_t len = bytes - at < FILL_READ_BYTES ? bytes - at : FILL_READ_BYTES;
+            L->jobs[L->n_jobs] = (io_job){.file_offset = file_offset + at, .length = (uint32_t)len};
+            L->dest_offset[L->n_jobs] = o->lent_offset[l] + at;
         }
-        if (!pass && (!(L->jobs = calloc(n ? n : 1, sizeof *L->jobs)) ||
-                      !(L->dest_offset = calloc(n ? n : 1, sizeof *L->dest_offset))))
-            return -1;
-        L->n_jobs = n;
     }
     return 0;
 }
@@ -146,13 +138,13 @@ static bool fill_good(const lender *L) {
             return false;
         }
     for (int l = 0; l < L->sv->m.n_layer; l++) {
-        const long first = (long)o->plan->hot_bundles[l], n = (long)offload_lent_bundles(o, l);
-        for (long b = 0; b < n; b++)
-            if (!bundle_check(&o->bundles, l, first + b, L->lent + o->lent_offset[l] + (uint64_t)b * o->stride)) {
-                log_warn("lent bundles: %s layer %d bundle %ld: bad checksum; decode reads it as a miss instead",
-                         o->bundle_path, l, first + b);
-                return false;
-            }
+        const long b = bundle_check_run(&o->bundles, l, (long)o->plan->hot_bundles[l],
+                                        (long)offload_lent_bundles(o, l), L->lent + o->lent_offset[l]);
+        if (b >= 0) {
+            log_warn("lent bundles: %s layer %d bundle %ld: bad checksum; decode reads it as a miss instead",
+                     o->bundle_path, l, b);
+            return false;
+        }
     }
     return true;
 }
@@ -167,5 +159,5 @@ void lender_fill(lender *L, void (*beat)(void *), void *ctx) {
         return;
     }
     atomic_store(&L->flag->ready, 1); /* after every byte: a worker that sees it set reads whole bundles */
-    log_info("lent bundles read back: %.1f MiB in %.1f ms", L->lent_bytes / 1048576.0, (clock_us() - t0) / 1e3);
+    log_info("lent bundles read back: %.1f MiB in %.1f ms", L->off->lent_bytes / 1048576.0, (clock_us() - t0) / 1e3);
 }

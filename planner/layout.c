@@ -55,11 +55,11 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     const double stage1 = predicts ? (double)predictor * stage1_share(m) : 0;
     f->guess_whole_bytes = stage1;
     f->guess_split_bytes = predicts ? (double)predictor - stage1 : 0;
-    f->process = (uint64_t)(in->n_processes + 1) * PROCESS_BYTES_EACH + STACK_SHARED_BYTES +
-                 prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
+    const uint64_t prompt = prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads);
+    f->process = (uint64_t)(in->n_processes + 1) * PROCESS_BYTES_EACH + STACK_SHARED_BYTES + prompt;
     /* the npu-worker's staging slots (npu-worker/prefill.c) */
     f->staging = ffn_stream_bytes(m, ffn_stream_prefill_which(in->mode), prompt_pass_neuron_step(m));
-    f->lendable = prompt_pass_bytes(m, in->max_prefill, in->ctx, in->threads) + f->staging;
+    f->lendable = prompt + f->staging;
 }
 
 uint64_t layout_stride(const layout_fixed *f, int per_bundle) {

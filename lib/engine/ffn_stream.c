@@ -426,8 +426,7 @@ bool ffn_stream_direct(const ffn_stream *s) { return atomic_load(&s->direct); }
 
 void ffn_stream_release(ffn_stream *s) {
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->queued; i++) s->slots[s->queue[i]].state = SLOT_EMPTY, s->slots[s->queue[i]].piece = -1;
-    s->queued = 0;
+    s->queued = 0; /* the reader takes nothing more; every slot is emptied below */
     for (int i = 0; i < s->n_slots; i++) {
         while (s->slots[i].state == SLOT_READING) pthread_cond_wait(&s->done, &s->mu);
         s->slots[i].state = SLOT_EMPTY, s->slots[i].piece = -1;

@@ -426,6 +426,12 @@ bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes
     return bundle_sum_cold(bytes, b->stride) == b->bundle_checksum[(size_t)l * (size_t)b->n_bundles + (size_t)bundle];
 }
 
+long bundle_check_run(const bundle_file *b, int l, long first, long n, const uint8_t *bytes) {
+    for (long k = 0; k < n; k++)
+        if (!bundle_check(b, l, first + k, bytes + (size_t)k * b->stride)) return first + k;
+    return -1;
+}
+
 /* Opening proved each layer's bundle checksums add up to its checksum: the bundles against theirs suffice. */
 int bundle_verify(const bundle_file *b, char *err, size_t errlen) {
     for (int l = 0; l < b->n_layer; l++)

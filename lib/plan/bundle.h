@@ -75,6 +75,9 @@ uint64_t bundle_sum_cold(const void *bytes, size_t n);
 /* Whether `bytes` (stride of them, read from anywhere) are bundle `bundle`
  * of layer l as written: a reader of one bundle checks it alone. */
 bool bundle_check(const bundle_file *b, int l, long bundle, const uint8_t *bytes);
+/* Layer l's bundles first .. first + n - 1, laid one stride after another
+ * from `bytes`: the first that does not match its checksum, or -1. */
+long bundle_check_run(const bundle_file *b, int l, long first, long n, const uint8_t *bytes);
 /* Checks every layer's checksum; the error names the first bad layer. */
 int bundle_verify(const bundle_file *b, char *err, size_t errlen);
 

@@ -172,7 +172,7 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
                            offload_pin_log_bytes(o, STACK_MAX_CPU_WORKERS) + o->lent_bytes + 2 * SHM_SPARSE_ALIGN;
     if (reach / o->unit > INT32_MAX) {
         snprintf(err, errlen, "%s: the neuron cache (%llu bytes) is too large to address in units of %zu bytes",
-                 o->plan_path, (unsigned long long)(o->hot_bytes + o->cold_bytes), o->unit);
+                 o->plan_path, (unsigned long long)reach, o->unit);
         goto fail;
     }
     if (make_ranges(o, m, err, errlen) || (positions && make_positions(o, m, err, errlen))) goto fail;
@@ -234,6 +234,19 @@ void offload_lent_range(const offload *o, int l, uint64_t *file_offset, uint64_t
 
 uint64_t offload_pin_log_bytes(const offload *o, int n_workers) {
     return (uint64_t)n_workers * (uint64_t)o->n_bundles * sizeof(uint32_t);
+}
+
+int offload_lent_regions(shm_segment *seg, const offload *o, offload_lend **flag, uint8_t **lent, char *err,
+                         size_t errlen) {
+    uint64_t flag_bytes = 0, lent_bytes = 0;
+    *flag = shm_region_ptr(seg, "lend", &flag_bytes);
+    *lent = shm_region_ptr(seg, "lent", &lent_bytes);
+    if (!*flag || !*lent || flag_bytes < sizeof **flag || lent_bytes != o->lent_bytes) {
+        snprintf(err, errlen, "no \"lend\" and \"lent\" regions holding the plan's %llu bytes of lent bundles",
+                 (unsigned long long)o->lent_bytes);
+        return -1;
+    }
+    return 0;
 }
 
 ncache *offload_cache_attach(shm_segment *seg, char *err, size_t errlen) {

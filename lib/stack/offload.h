@@ -103,6 +103,11 @@ uint64_t offload_pin_log_bytes(const offload *o, int n_workers);
  * NULL with err set. */
 ncache *offload_cache_attach(shm_segment *seg, char *err, size_t errlen);
 
+/* Regions "lend" and "lent" of neuron cache segment seg under a plan that lends (o->lent_bytes > 0), each
+ * checked to hold what o says. 0, or -1 with err set. */
+int offload_lent_regions(shm_segment *seg, const offload *o, offload_lend **flag, uint8_t **lent, char *err,
+                         size_t errlen);
+
 /* The slot table's shape: (layer, expert 0, bundle) keys, cold-region slots of a bundle's stride. */
 ncache_shape offload_cache_shape(const offload *o, const model *m);
 

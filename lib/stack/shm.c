@@ -168,10 +168,6 @@ static int layout_regions(struct shm_header *h, const struct shm_region_spec *sp
             set_err("region '%s' align: must be 64 or 4096", s->name);
             return -1;
         }
-        if (s->flags & ~SHM_REGION_SPARSE || ((s->flags & SHM_REGION_SPARSE) && s->align != SHM_ALIGN_PAGE)) {
-            set_err("region '%s' flags: %#x (sparse regions are page-aligned)", s->name, s->flags);
-            return -1;
-        }
         const bool first_sparse = (s->flags & SHM_REGION_SPARSE) && !(i > 0 && (specs[i - 1].flags & SHM_REGION_SPARSE));
         const uint64_t align = first_sparse ? SHM_SPARSE_ALIGN : s->align;
         uint64_t off = (end + align - 1) & ~(align - 1);
