@@ -552,5 +552,13 @@ int main(void) {
         test_silu_mul_split(sets[i]);
         test_kv_store(sets[i]);
     }
+    /* the avx512 gemv as tuned for the other vendor: only its prefetches differ */
+    if (kernels_avx512_other_vendor()) {
+        CHECK(kernels_avx512_other_vendor()->gemv_q4_0 != kernels_avx512()->gemv_q4_0,
+              "the other vendor's avx512 table has our gemv_q4_0");
+        test_gemv(kernels_avx512_other_vendor());
+    } else {
+        SKIP("kernel set avx512 as tuned for the other CPU vendor (this CPU lacks AVX-512)");
+    }
     return test_summary();
 }

@@ -12,6 +12,7 @@
 #endif
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -24,6 +25,7 @@
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
+extern const kernels kernels_avx512_l1_impl;
 extern const kernels kernels_avx512_exact_impl;
 extern const kernels kernels_neon_impl;
 extern const kernels kernels_neon_sdot_impl;
@@ -52,7 +54,16 @@ static int cpu_runs_avx512(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? &kernels_avx512_impl : NULL; }
+/* The dense Q4_0 gemv's prefetches go into L1 on AMD, into L2 elsewhere: each
+ * as measured on its vendor's CPU (kernels_fast_avx512.c). The same bits. */
+static const kernels *avx512_for_vendor(bool own_vendor) {
+    __builtin_cpu_init();
+    const bool amd = __builtin_cpu_is("amd");
+    return amd == own_vendor ? &kernels_avx512_l1_impl : &kernels_avx512_impl;
+}
+
+const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? avx512_for_vendor(true) : NULL; }
+const kernels *kernels_avx512_other_vendor(void) { return cpu_runs_avx512() ? avx512_for_vendor(false) : NULL; }
 const kernels *kernels_avx512_exact(void) { return cpu_runs_avx512() ? &kernels_avx512_exact_impl : NULL; }
 
 /* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and Linux's leave to
@@ -72,7 +83,7 @@ static int amx_ok;
 /* avx512's table, every family, but for the prefill product */
 static void make_amx_set(void) {
     if (!(amx_ok = amx_usable())) return;
-    amx_set = kernels_avx512_impl;
+    amx_set = *kernels_avx512();
     amx_set.name = "amx";
     amx_set.gemm_q4_0 = gemm_q4_0_amx;
 }
@@ -85,6 +96,7 @@ const kernels *kernels_amx(void) {
 #else
 const kernels *kernels_avx2(void) { return NULL; }
 const kernels *kernels_avx512(void) { return NULL; }
+const kernels *kernels_avx512_other_vendor(void) { return NULL; }
 const kernels *kernels_avx512_exact(void) { return NULL; }
 const kernels *kernels_amx(void) { return NULL; }
 #endif

@@ -58,23 +58,42 @@ float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
 
 /* The gathers' row loop (dot_rows_q4_0) over consecutive rows:
  * GEMV_PASS_ROWS rows a pass, each activation quad loaded once for all of
- * them, each row prefetching into L2 the row a pass further down; the
- * activation's quads are prepared once per GEMV_ROW_GROUP rows and chunk
- * (once for the whole matrix when the rows are one chunk long). Against one
- * row at a time with a prefetch 4 KiB ahead, eight rows a pass, in three
- * interleaved runs of tools/kernel-bench -k avx512 on one core (Zen):
- * 25.7-25.9 -> 32.9-33.2 GB/s in cache, 18.3-19.4 -> 23.4-28.6 from memory.
- * On the Intel Xeon (2 MiB pages, one thread reading 18.3 GB/s), four rows a
- * pass against eight, three interleaved runs: 14.9-15.8 against 13.4-14.1
- * GB/s from memory, the same 33-34 in cache: eight rows and their eight
- * prefetched ones are more lines in flight than its L1 keeps apart. */
+ * them, each row prefetching the row a pass further down; the activation's
+ * quads are prepared once per GEMV_ROW_GROUP rows and chunk (once for the
+ * whole matrix when the rows are one chunk long). Against one row at a time
+ * with a prefetch 4 KiB ahead, eight rows a pass, in three interleaved runs
+ * of tools/kernel-bench -k avx512 on one core (Zen): 25.7-25.9 -> 32.9-33.2
+ * GB/s in cache, 18.3-19.4 -> 23.4-28.6 from memory. On the Intel Xeon (2 MiB
+ * pages, one thread reading 18.3 GB/s), four rows a pass against eight, three
+ * interleaved runs: 14.9-15.8 against 13.4-14.1 GB/s from memory, the same
+ * 33-34 in cache: eight rows and their eight prefetched ones are more lines
+ * in flight than its L1 keeps apart.
+ *
+ * Where the prefetched lines go is the CPU vendor's (kernels.c picks):
+ * into L2 as measured on that Intel Xeon; into L1 on AMD Zen 5, where the
+ * same four rows a pass, 7B rows of 4096 on 2 MiB pages, five interleaved
+ * passes over 1 GiB, streamed 25 -> 29 GB/s on one thread and 40-46 -> 50-51
+ * on both at once (the stack's two cpu-workers: each a half of each 2048-row
+ * group); two passes ahead, eight or two rows a pass, or no software prefetch
+ * were slower there (35-48 on both). */
 #define GEMV_PASS_ROWS 4
 
-void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+static inline __attribute__((always_inline)) void gemv_q4_0_rows(const block_q4_0 *w, size_t row_stride,
+                                                                  const block_q8_0 *x, float *y, int nrows, int n,
+                                                                  prefetch_level level) {
     const int group = n / QK4_0 <= Q4_CHUNK_BLOCKS ? nrows : GEMV_ROW_GROUP;
     for (int g0 = 0; g0 < nrows; g0 += group) {
         const row_seq s = row_seq_dense((const char *)w + (size_t)g0 * row_stride, row_stride,
                                         nrows - g0 < group ? nrows - g0 : group, y + g0);
-        dot_rows_q4_0(&s, x, n, GEMV_PASS_ROWS);
+        dot_rows_q4_0(&s, x, n, GEMV_PASS_ROWS, level);
     }
+}
+
+void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L2);
+}
+
+void gemv_q4_0_fast_l1_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
+                              int n) {
+    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L1);
 }

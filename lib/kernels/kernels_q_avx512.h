@@ -25,6 +25,16 @@
 
 QROW_INLINE void prefetch_l2(const void *p) { _mm_prefetch(p, _MM_HINT_T1); }
 
+/* Where the Q4_0 rows' prefetches put the lines ahead: L2 (the gathers, and
+ * the dense gemv on Intel) or L1 (the dense gemv on AMD Zen:
+ * kernels_fast_avx512.c). A constant once inlined. */
+typedef enum { PREFETCH_TO_L2, PREFETCH_TO_L1 } prefetch_level;
+
+QROW_INLINE void prefetch_to(const void *p, prefetch_level level) {
+    if (level == PREFETCH_TO_L1) _mm_prefetch(p, _MM_HINT_T0);
+    else prefetch_l2(p);
+}
+
 /* ---- F32 / F16: ggml_vec_dot_f32/f16's order. Four 16-lane FMA accumulators
  * over 64-element steps, added (0+2)+(1+3), a horizontal sum, then the
  * leftovers. ahead may be NULL: no prefetch (the dense dots). ---- */
@@ -177,7 +187,7 @@ QROW_INLINE float q4_block(const block_q4_0 *w, const block_q8_0 *x) {
 /* one row's chunk of cb blocks against activation x (its quads prepared in
  * quads), ahead the lines to prefetch as w's are consumed */
 QROW_INLINE float q4_row_chunk(const block_q4_0 *w, const q4_xquad *quads, const block_q8_0 *x, int cb,
-                               const char *ahead) {
+                               const char *ahead, prefetch_level level) {
     const size_t quad_bytes = 4 * sizeof(block_q4_0);
     const int nquads = cb / 4;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
@@ -185,20 +195,20 @@ QROW_INLINE float q4_row_chunk(const block_q4_0 *w, const q4_xquad *quads, const
     for (; k + 2 <= nquads; k += 2) {
         /* 144 bytes a step: lines 64 bytes apart from its start cover every line */
         const char *pf = ahead + (size_t)k * quad_bytes;
-        prefetch_l2(pf);
-        prefetch_l2(pf + 64);
-        prefetch_l2(pf + 128);
+        prefetch_to(pf, level);
+        prefetch_to(pf + 64, level);
+        prefetch_to(pf + 128, level);
         acc0 = q4_quad(acc0, w + 4 * k, quads[k]);
         acc1 = q4_quad(acc1, w + 4 * k + 4, quads[k + 1]);
     }
     if (k < nquads) {
-        prefetch_l2(ahead + (size_t)k * quad_bytes);
-        prefetch_l2(ahead + (size_t)k * quad_bytes + 64);
+        prefetch_to(ahead + (size_t)k * quad_bytes, level);
+        prefetch_to(ahead + (size_t)k * quad_bytes + 64, level);
         acc0 = q4_quad(acc0, w + 4 * k, quads[k]);
     }
     float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (int b = 4 * nquads; b < cb; b++) {
-        prefetch_l2(ahead + (size_t)b * sizeof(block_q4_0));
+        prefetch_to(ahead + (size_t)b * sizeof(block_q4_0), level);
         sum += q4_block(&w[b], &x[b]);
     }
     return sum;
@@ -214,7 +224,7 @@ enum { Q4_GATHER_ROWS = 8 };
  * so gives its bits (tests/test_sparse_kernels.c, tests/test_kernels.c); their quads are
  * interleaved and each activation quad is loaded once for all of them. */
 QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xquad *quads, const block_q8_0 *x,
-                               int cb, const char *const *ahead, float *sum) {
+                               int cb, const char *const *ahead, float *sum, prefetch_level level) {
     const size_t quad_bytes = 4 * sizeof(block_q4_0);
     const int nquads = cb / 4;
     __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
@@ -226,9 +236,9 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xq
 #pragma GCC unroll Q4_GATHER_ROWS
         for (int r = 0; r < rows; r++) {
             const char *pf = ahead[r] + (size_t)k * quad_bytes; /* 144 bytes a step: 3 lines cover them */
-            prefetch_l2(pf);
-            prefetch_l2(pf + 64);
-            prefetch_l2(pf + 128);
+            prefetch_to(pf, level);
+            prefetch_to(pf + 64, level);
+            prefetch_to(pf + 128, level);
             acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, q0);
             acc1[r] = q4_quad(acc1[r], w[r] + 4 * k + 4, q1);
         }
@@ -236,13 +246,13 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xq
 #pragma GCC unroll Q4_GATHER_ROWS
     for (int r = 0; r < rows; r++) {
         if (k < nquads) {
-            prefetch_l2(ahead[r] + (size_t)k * quad_bytes);
-            prefetch_l2(ahead[r] + (size_t)k * quad_bytes + 64);
+            prefetch_to(ahead[r] + (size_t)k * quad_bytes, level);
+            prefetch_to(ahead[r] + (size_t)k * quad_bytes + 64, level);
             acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, quads[k]);
         }
         sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
         for (int b = 4 * nquads; b < cb; b++) {
-            prefetch_l2(ahead[r] + (size_t)b * sizeof(block_q4_0));
+            prefetch_to(ahead[r] + (size_t)b * sizeof(block_q4_0), level);
             sum[r] += q4_block(&w[r][b], &x[b]);
         }
     }
@@ -272,7 +282,7 @@ __attribute__((returns_nonnull)) static inline const char *gather_ahead(const ro
 /* per chunk, the activation quads are prepared once for all the rows; the
  * rows go `pass` at a time (at most Q4_GATHER_ROWS, a constant once inlined),
  * each prefetching the row a pass further, the last len % pass one by one */
-QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass) {
+QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass, prefetch_level level) {
     const int nb = n / QK4_0, len = row_seq_len(s);
     q4_xquad quads[Q4_CHUNK_BLOCKS / 4]; /* 32 KiB */
     for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
@@ -288,7 +298,7 @@ QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int
                 w[r] = (const block_q4_0 *)(row_seq_row(s, i + r) + chunk_off);
                 ahead[r] = gather_ahead(s, i + r, pass) + chunk_off;
             }
-            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, sum);
+            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, sum, level);
             for (int r = 0; r < pass; r++) {
                 float *out = row_seq_out(s, i + r);
                 *out = b0 == 0 ? sum[r] : *out + sum[r];
@@ -296,13 +306,14 @@ QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int
         }
         for (; i < len; i++) {
             const float row_sum = q4_row_chunk((const block_q4_0 *)(row_seq_row(s, i) + chunk_off), quads, x + b0,
-                                               cb, gather_ahead(s, i, pass) + chunk_off);
+                                               cb, gather_ahead(s, i, pass) + chunk_off, level);
             float *out = row_seq_out(s, i);
             *out = b0 == 0 ? row_sum : *out + row_sum;
         }
     }
 }
 
-QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) { dot_rows_q4_0(s, x, n, Q4_GATHER_ROWS); }
+QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) { dot_rows_q4_0(s, x, n, Q4_GATHER_ROWS, PREFETCH_TO_L2);
+}
 
 #endif
