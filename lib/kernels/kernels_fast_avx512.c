@@ -69,31 +69,33 @@ float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n) {
  * 33-34 in cache: eight rows and their eight prefetched ones are more lines
  * in flight than its L1 keeps apart.
  *
- * Where the prefetched lines go is the CPU vendor's (kernels.c picks):
- * into L2 as measured on that Intel Xeon; into L1 on AMD Zen 5, where the
- * same four rows a pass, 7B rows of 4096 on 2 MiB pages, five interleaved
- * passes over 1 GiB, streamed 25 -> 29 GB/s on one thread and 40-46 -> 50-51
- * on both at once (the stack's two cpu-workers: each a half of each 2048-row
- * group); two passes ahead, eight or two rows a pass, or no software prefetch
- * were slower there (35-48 on both). */
+ * How the next pass is prefetched is the CPU vendor's (kernels.c picks): on
+ * that Intel Xeon each row its own next row, into L2; on AMD Zen 5 into L1,
+ * and the next pass's rows as one stream (dot_rows_q4_0's `stream`). There,
+ * 7B rows of 4096 on 2 MiB pages, five interleaved passes over 1 GiB, each
+ * row's next row into L1 instead of L2 streamed 25 -> 29 GB/s on one thread
+ * and 40-46 -> 48-51 on both at once (the stack's two cpu-workers: each a
+ * half of each 2048-row group); as one stream 31 and 52. Two passes ahead,
+ * eight, six, three or two rows a pass, NTA, or no software prefetch were
+ * no faster (35-50 on both). */
 #define GEMV_PASS_ROWS 4
 
 static inline __attribute__((always_inline)) void gemv_q4_0_rows(const block_q4_0 *w, size_t row_stride,
                                                                   const block_q8_0 *x, float *y, int nrows, int n,
-                                                                  prefetch_level level) {
+                                                                  prefetch_level level, bool stream) {
     const int group = n / QK4_0 <= Q4_CHUNK_BLOCKS ? nrows : GEMV_ROW_GROUP;
     for (int g0 = 0; g0 < nrows; g0 += group) {
         const row_seq s = row_seq_dense((const char *)w + (size_t)g0 * row_stride, row_stride,
                                         nrows - g0 < group ? nrows - g0 : group, y + g0);
-        dot_rows_q4_0(&s, x, n, GEMV_PASS_ROWS, level);
+        dot_rows_q4_0(&s, x, n, GEMV_PASS_ROWS, level, stream);
     }
 }
 
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
-    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L2);
+    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L2, false);
 }
 
 void gemv_q4_0_fast_l1_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
                               int n) {
-    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L1);
+    gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L1, true);
 }

@@ -220,11 +220,14 @@ enum { Q4_GATHER_ROWS = 8 };
 
 /* `rows` rows' chunks (rows <= Q4_GATHER_ROWS, a constant once inlined) of
  * cb blocks against activation x (its quads prepared in quads) into sum[],
- * ahead[r] the lines to prefetch as w[r]'s are consumed. Each row keeps q4_row_chunk's accumulators and summation order,
+ * ahead[r] the lines to prefetch as w[r]'s are consumed, moving ahead_step
+ * bytes a step of two quads (2 * 72: the same offsets as w[r]'s). Each row
+ * keeps q4_row_chunk's accumulators and summation order,
  * so gives its bits (tests/test_sparse_kernels.c, tests/test_kernels.c); their quads are
  * interleaved and each activation quad is loaded once for all of them. */
 QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xquad *quads, const block_q8_0 *x,
-                               int cb, const char *const *ahead, float *sum, prefetch_level level) {
+                               int cb, const char *const *ahead, size_t ahead_step, float *sum,
+                               prefetch_level level) {
     const size_t quad_bytes = 4 * sizeof(block_q4_0);
     const int nquads = cb / 4;
     __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
@@ -235,7 +238,7 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xq
         const q4_xquad q0 = quads[k], q1 = quads[k + 1];
 #pragma GCC unroll Q4_GATHER_ROWS
         for (int r = 0; r < rows; r++) {
-            const char *pf = ahead[r] + (size_t)k * quad_bytes; /* 144 bytes a step: 3 lines cover them */
+            const char *pf = ahead[r] + (size_t)(k / 2) * ahead_step; /* 144 bytes a step: 3 lines cover them */
             prefetch_to(pf, level);
             prefetch_to(pf + 64, level);
             prefetch_to(pf + 128, level);
@@ -281,9 +284,17 @@ __attribute__((returns_nonnull)) static inline const char *gather_ahead(const ro
 
 /* per chunk, the activation quads are prepared once for all the rows; the
  * rows go `pass` at a time (at most Q4_GATHER_ROWS, a constant once inlined),
- * each prefetching the row a pass further, the last len % pass one by one */
-QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass, prefetch_level level) {
+ * the last len % pass one by one. Each row prefetches the row a pass further
+ * at the offsets it reads; or, with `stream` where the rows are consecutive,
+ * unpadded and one chunk long (so the next pass's rows lie right after
+ * this pass's), the pass prefetches the next pass's rows as one stream,
+ * each step the next pass * 144 bytes of it (kernels_fast_avx512.c). */
+QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass, prefetch_level level,
+                               bool stream) {
     const int nb = n / QK4_0, len = row_seq_len(s);
+    const size_t step_bytes = 8 * sizeof(block_q4_0); /* two quads */
+    const bool as_stream = stream && nb <= Q4_CHUNK_BLOCKS && !s->idx && s->nmat == 1 &&
+                           s->stride == (size_t)nb * sizeof(block_q4_0);
     q4_xquad quads[Q4_CHUNK_BLOCKS / 4]; /* 32 KiB */
     for (int b0 = 0; b0 < nb; b0 += Q4_CHUNK_BLOCKS) {
         const int cb = q4_chunk_blocks(nb, b0);
@@ -296,9 +307,10 @@ QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int
             float sum[Q4_GATHER_ROWS];
             for (int r = 0; r < pass; r++) {
                 w[r] = (const block_q4_0 *)(row_seq_row(s, i + r) + chunk_off);
-                ahead[r] = gather_ahead(s, i + r, pass) + chunk_off;
+                ahead[r] = as_stream ? gather_ahead(s, i, pass) + r * step_bytes
+                                     : gather_ahead(s, i + r, pass) + chunk_off;
             }
-            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, sum, level);
+            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, as_stream ? pass * step_bytes : step_bytes, sum, level);
             for (int r = 0; r < pass; r++) {
                 float *out = row_seq_out(s, i + r);
                 *out = b0 == 0 ? sum[r] : *out + sum[r];
@@ -316,7 +328,7 @@ QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int
 /* the gathers prefetch into L2 on every CPU: into L1 they measured 5-10 % faster in
  * tools/sparse-bench on the Zen 5, one thread, but no faster in the stack (bench/ab-stacks 1.002) */
 QROW_INLINE void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
-    dot_rows_q4_0(s, x, n, Q4_GATHER_ROWS, PREFETCH_TO_L2);
+    dot_rows_q4_0(s, x, n, Q4_GATHER_ROWS, PREFETCH_TO_L2, false);
 }
 
 #endif
