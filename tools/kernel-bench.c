@@ -79,6 +79,25 @@ static void fill_weights(int kind, uint8_t *dst, size_t bytes, size_t row_bytes,
 
 static float *gemv_out; /* one float per row of the largest matrix */
 
+#define MAX_SETS 8 /* kernel sets one run times */
+
+/* The sets whose Q4_0 gemv is timed: those asked for, and with avx512 its
+ * other vendor's tuning (kernels.h), so one run shows which prefetch suits
+ * this CPU. Returns how many. */
+static int q4_gemv_sets(const kernels *const *isas, int n_isas, const kernels **out) {
+    int n = 0;
+    for (int i = 0; i < n_isas; i++) {
+        out[n++] = isas[i];
+        if (isas[i] && isas[i] == kernels_avx512()) out[n++] = kernels_avx512_other_vendor();
+    }
+    return n;
+}
+
+/* a set's name in the tables; avx512 as tuned for the other vendor is "avx512-alt" */
+static const char *set_label(const kernels *k) {
+    return k == kernels_avx512_other_vendor() ? "avx512-alt" : k->name;
+}
+
 /* one pass: every row dotted with the activation converted for its type */
 static void dot_all_rows(const kernels *k, int kind, const uint8_t *w, size_t rows, size_t row_bytes,
                          const float *x32, const uint16_t *x16, const block_q8_0 *x8, int n) {
@@ -472,20 +491,23 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
     printf("\ngemv on %d threads at once, groups of %d rows split between them, from memory\n", pool_size(pool),
            GEMV_GROUP_ROWS);
     printf("%-9s %-12s %12s %12s %10s\n", "type", "isa", "best GB/s", "median GB/s", "of read");
+    const kernels *q4_sets[2 * MAX_SETS];
+    const int n_q4_sets = q4_gemv_sets(isas, n_isas, q4_sets);
     for (int q4 = 1; q4 >= 0; q4--) {
+        const kernels *const *sets = q4 ? q4_sets : isas;
         const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
         const size_t rows = bytes / row_bytes / GEMV_GROUP_ROWS * GEMV_GROUP_ROWS;
         if (rows == 0) return;
         fill_weights(q4 ? KIND_Q4_0 : KIND_Q8_0, w, rows * row_bytes, row_bytes, n);
-        for (int i = 0; i < n_isas; i++) {
-            if (!isas[i] || isas[i] == kernels_scalar()) continue;
+        for (int i = 0; i < (q4 ? n_q4_sets : n_isas); i++) {
+            if (!sets[i] || sets[i] == kernels_scalar()) continue;
             double t[MAX_PASSES];
             int passes = 0;
             const double start = clock_seconds();
             while (passes < MAX_PASSES && (passes < 5 || clock_seconds() - start < min_seconds)) {
                 const double t0 = clock_seconds();
                 for (size_t g = 0; g < rows; g += GEMV_GROUP_ROWS) {
-                    gemv_job j = {isas[i],
+                    gemv_job j = {sets[i],
                                   {w + g * row_bytes, q4 ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0, GEMV_GROUP_ROWS, n, row_bytes},
                                   {.q8 = (block_q8_0 *)x8}};
                     pool_run(pool, gemv_share, &j);
@@ -495,7 +517,7 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
             qsort(t, (size_t)passes, sizeof *t, compare_double);
             const double best = (double)(rows * row_bytes) / t[0] / 1e9;
             const double median = (double)(rows * row_bytes) / t[passes / 2] / 1e9;
-            printf("%-9s %-12s %12.2f %12.2f %9.0f%%\n", q4 ? "q4_0" : "q8_0", isas[i]->name, best, median,
+            printf("%-9s %-12s %12.2f %12.2f %9.0f%%\n", q4 ? "q4_0" : "q8_0", set_label(sets[i]), best, median,
                    all_gbs > 0 ? 100 * median / all_gbs : 0);
             fflush(stdout);
         }
@@ -559,7 +581,7 @@ int main(int argc, char **argv) {
         {"q8_0 gemv", (size_t)n / QK8_0 * sizeof(block_q8_0)},
         {"q4_0 gemv", (size_t)n / QK4_0 * sizeof(block_q4_0)},
     };
-    const kernels *isas[8];
+    const kernels *isas[MAX_SETS];
     int n_isas = 0;
     if (!set_names) {
         const kernels *all[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512_exact(), kernels_amx(),
@@ -610,11 +632,14 @@ int main(int argc, char **argv) {
         if (small_rows == 0) small_rows = 1;
         if (big_rows == 0) big_rows = 1;
         fill_weights(kind, w, big_rows * row_bytes, row_bytes, n);
-        for (int i = 0; i < n_isas; i++) {
-            if (!isas[i]) continue;
-            const double in_cache = measure(isas[i], kind, w, small_rows, row_bytes, x32, x16, x8, n, min_seconds);
-            const double in_memory = measure(isas[i], kind, w, big_rows, row_bytes, x32, x16, x8, n, min_seconds);
-            printf("%-9s %-12s %12.2f %14.2f\n", kinds[kind].name, isas[i]->name, in_cache, in_memory);
+        const kernels *sets[2 * MAX_SETS];
+        const int n_sets = kind == KIND_Q4_0_GEMV ? q4_gemv_sets(isas, n_isas, sets) : n_isas;
+        if (kind != KIND_Q4_0_GEMV) memcpy(sets, isas, sizeof *isas * (size_t)n_isas);
+        for (int i = 0; i < n_sets; i++) {
+            if (!sets[i]) continue;
+            const double in_cache = measure(sets[i], kind, w, small_rows, row_bytes, x32, x16, x8, n, min_seconds);
+            const double in_memory = measure(sets[i], kind, w, big_rows, row_bytes, x32, x16, x8, n, min_seconds);
+            printf("%-9s %-12s %12.2f %14.2f\n", kinds[kind].name, set_label(sets[i]), in_cache, in_memory);
             fflush(stdout);
         }
     }
