@@ -25,7 +25,7 @@
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
-extern const kernels kernels_avx512_l1_impl;
+extern const kernels kernels_avx512_amd_impl;
 extern const kernels kernels_avx512_exact_impl;
 extern const kernels kernels_neon_impl;
 extern const kernels kernels_neon_sdot_impl;
@@ -54,12 +54,13 @@ static int cpu_runs_avx512(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* The dense Q4_0 gemv's prefetches go into L1 on AMD, into L2 elsewhere: each
- * as measured on its vendor's CPU (kernels_fast_avx512.c). The same bits. */
+/* The dense Q4_0 gemv prefetches the next pass as one stream into L1 on AMD,
+ * each row's next row into L2 elsewhere: each as measured on its vendor's
+ * CPU (kernels_fast_avx512.c). The same bits. */
 static const kernels *avx512_for_vendor(bool own_vendor) {
     __builtin_cpu_init();
     const bool amd = __builtin_cpu_is("amd");
-    return amd == own_vendor ? &kernels_avx512_l1_impl : &kernels_avx512_impl;
+    return amd == own_vendor ? &kernels_avx512_amd_impl : &kernels_avx512_impl;
 }
 
 const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? avx512_for_vendor(true) : NULL; }

@@ -98,8 +98,8 @@ const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
 /* avx512 as tuned for the other CPU vendor (its dense Q4_0 gemv prefetches
- * into L2 where ours go into L1, or the reverse): the same bits, for the
- * tests and kernel-bench */
+ * each row's next row into L2 where AMD's take the next pass as one stream
+ * into L1, or the reverse): the same bits, for the tests and kernel-bench */
 const kernels *kernels_avx512_other_vendor(void);
 const kernels *kernels_avx512_exact(void); /* likewise */
 /* AArch64 (NULL elsewhere): NEON kernels that give the scalar set's bits

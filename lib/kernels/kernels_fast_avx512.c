@@ -95,7 +95,7 @@ void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q
     gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L2, false);
 }
 
-void gemv_q4_0_fast_l1_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
-                              int n) {
+void gemv_q4_0_fast_amd_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
+                               int n) {
     gemv_q4_0_rows(w, row_stride, x, y, nrows, n, PREFETCH_TO_L1, true);
 }
