@@ -49,10 +49,11 @@ void layout_fixed_of(const layout_inputs *in, layout_fixed *f) {
     f->down_row = ggml_row_bytes(bundle_down_type(m), (uint64_t)m->n_embd);
     f->neuron_bytes = f->gate_row + f->up_row + f->down_row;
     const bool predicts = in->mode == FFN_PREDICTOR;
-    f->preload = attention + output + row + (predicts ? predictor : gates) + kv_bytes(m, in->ctx);
+    const uint64_t kv = kv_bytes(m, in->ctx);
+    f->preload = attention + output + row + (predicts ? predictor : gates) + kv;
     /* a decode token also reads the keys and values before it: over a context of ctx tokens, half the
      * cache on average (134 MB a token for a 7B model at ctx 512, ~7 % of a predictor token's bytes) */
-    f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0)) + 0.5 * (double)kv_bytes(m, in->ctx);
+    f->dense_bytes = (double)(attention + output + (predicts ? predictor : 0)) + 0.5 * (double)kv;
     /* the guess runs the first stage whole in every cpu-worker, the second for its own neurons */
     const double stage1 = predicts ? (double)predictor * stage1_share(m) : 0;
     f->guess_whole_bytes = stage1;

@@ -81,14 +81,14 @@ static float *gemv_out; /* one float per row of the largest matrix */
 
 #define MAX_SETS 8 /* kernel sets one run times */
 
-/* The sets whose Q4_0 gemv is timed: those asked for, and with avx512 its
- * other vendor's tuning (kernels.h), so one run shows which prefetch suits
- * this CPU. Returns how many. */
-static int q4_gemv_sets(const kernels *const *isas, int n_isas, const kernels **out) {
+/* The sets a kernel is timed in: those asked for, and for the Q4_0 gemv
+ * (q4_gemv) avx512's other vendor's tuning beside avx512 (kernels.h), so one
+ * run shows which prefetch suits this CPU. out: 2 * MAX_SETS. Returns how many. */
+static int sets_to_time(const kernels *const *isas, int n_isas, bool q4_gemv, const kernels **out) {
     int n = 0;
     for (int i = 0; i < n_isas; i++) {
         out[n++] = isas[i];
-        if (isas[i] && isas[i] == kernels_avx512()) out[n++] = kernels_avx512_other_vendor();
+        if (q4_gemv && isas[i] && isas[i] == kernels_avx512()) out[n++] = kernels_avx512_other_vendor();
     }
     return n;
 }
@@ -491,15 +491,14 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
     printf("\ngemv on %d threads at once, groups of %d rows split between them, from memory\n", pool_size(pool),
            GEMV_GROUP_ROWS);
     printf("%-9s %-12s %12s %12s %10s\n", "type", "isa", "best GB/s", "median GB/s", "of read");
-    const kernels *q4_sets[2 * MAX_SETS];
-    const int n_q4_sets = q4_gemv_sets(isas, n_isas, q4_sets);
     for (int q4 = 1; q4 >= 0; q4--) {
-        const kernels *const *sets = q4 ? q4_sets : isas;
+        const kernels *sets[2 * MAX_SETS];
+        const int n_sets = sets_to_time(isas, n_isas, q4, sets);
         const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
         const size_t rows = bytes / row_bytes / GEMV_GROUP_ROWS * GEMV_GROUP_ROWS;
         if (rows == 0) return;
         fill_weights(q4 ? KIND_Q4_0 : KIND_Q8_0, w, rows * row_bytes, row_bytes, n);
-        for (int i = 0; i < (q4 ? n_q4_sets : n_isas); i++) {
+        for (int i = 0; i < n_sets; i++) {
             if (!sets[i] || sets[i] == kernels_scalar()) continue;
             double t[MAX_PASSES];
             int passes = 0;
@@ -633,8 +632,7 @@ int main(int argc, char **argv) {
         if (big_rows == 0) big_rows = 1;
         fill_weights(kind, w, big_rows * row_bytes, row_bytes, n);
         const kernels *sets[2 * MAX_SETS];
-        const int n_sets = kind == KIND_Q4_0_GEMV ? q4_gemv_sets(isas, n_isas, sets) : n_isas;
-        if (kind != KIND_Q4_0_GEMV) memcpy(sets, isas, sizeof *isas * (size_t)n_isas);
+        const int n_sets = sets_to_time(isas, n_isas, kind == KIND_Q4_0_GEMV, sets);
         for (int i = 0; i < n_sets; i++) {
             if (!sets[i]) continue;
             const double in_cache = measure(sets[i], kind, w, small_rows, row_bytes, x32, x16, x8, n, min_seconds);
