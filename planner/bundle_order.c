@@ -1,6 +1,7 @@
 /* Bundles from the model profile (bundle_order.h). */
 #include "bundle_order.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,13 @@ static int group_layer(const model_profile *p, int l, const int32_t *hot, int k,
     return 0;
 }
 
+/* Expected members a token needs that the guess did not name (the model profile's guess_missed). */
+static double guess_missed_rate(const model_profile *p, int l, const int32_t *members, int len) {
+    double missed = 0;
+    for (int i = 0; i < len; i++) missed += p->guess_missed[(size_t)l * (size_t)p->n_ff + (size_t)members[i]];
+    return p->n_tokens ? missed / p->n_tokens : 0;
+}
+
 int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
     const int n = p->n_ff, k = per_bundle;
     memset(o, 0, sizeof *o);
@@ -87,10 +95,12 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
     o->order = malloc(sizeof(int32_t) * (size_t)p->n_layer * (size_t)n);
     o->p_bundle = malloc(sizeof(double) * (size_t)p->n_layer * (size_t)o->n_bundles);
     o->active = malloc(sizeof(double) * (size_t)p->n_layer);
+    if (p->guess_missed) o->p_unasked = malloc(sizeof(double) * (size_t)p->n_layer * (size_t)o->n_bundles);
     int32_t *hot = malloc(sizeof(int32_t) * (size_t)n), *grouped = malloc(sizeof(int32_t) * (size_t)n);
     bundle_rank *rank = malloc(sizeof(bundle_rank) * (size_t)o->n_bundles);
     uint64_t *scratch = malloc(sizeof(uint64_t) * (size_t)(p->words ? p->words : 1));
-    bool ok = o->order && o->p_bundle && o->active && hot && grouped && rank && scratch;
+    bool ok = o->order && o->p_bundle && o->active && (!p->guess_missed || o->p_unasked) && hot && grouped && rank &&
+              scratch;
     for (int l = 0; ok && l < p->n_layer; l++) {
         const uint32_t *layer_counts = p->counts + (size_t)l * n;
         if (reorder_layer_perm(layer_counts, n, 1, hot)) { /* hottest first, ties by index */
@@ -120,6 +130,9 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
             const int len = b < whole ? k : n - (int)(b * k);
             memcpy(dst + b * k, grouped + rank[b].first, sizeof(int32_t) * (size_t)len);
             o->p_bundle[(size_t)l * o->n_bundles + b] = rank[b].p;
+            if (o->p_unasked) /* a member the guess missed: at most the bundle's own need */
+                o->p_unasked[(size_t)l * o->n_bundles + b] =
+                    fmin(rank[b].p, guess_missed_rate(p, l, dst + b * k, len));
         }
     }
     free(hot), free(grouped), free(rank), free(scratch);
@@ -144,6 +157,6 @@ int bundle_order_sort_needs(bundle_order *o, int n_layer) {
 }
 
 void bundle_order_free(bundle_order *o) {
-    free(o->order), free(o->p_bundle), free(o->active), free(o->p_desc);
+    free(o->order), free(o->p_bundle), free(o->active), free(o->p_desc), free(o->p_unasked);
     memset(o, 0, sizeof *o);
 }

@@ -32,6 +32,8 @@ typedef struct {
     double *p_bundle;   /* [n_layer][n_bundles]: probability a token needs the bundle, descending per
                            layer but for a short last bundle */
     double *active;     /* [n_layer]: mean neurons fired per token */
+    double *p_unasked;  /* [n_layer][n_bundles], predictor mode (else NULL): probability a token needs the bundle
+                           for a member that the guess from the layer's input did not name (at most p_bundle) */
     double *p_desc;     /* [n_layer * n_whole]: every layer's whole bundles' p, descending over all layers (the
                            n most needed bundles of the model are those at or above p_desc[n - 1]) */
 } bundle_order;

@@ -36,15 +36,21 @@ static double che_time(const double *p, long n, long slots) {
     return 0.5 * (lo + hi);
 }
 
-/* A layer's bundles: the probability mass needed (need) and missed (the return), given Che's time tc */
-static double layer_misses(const cost_inputs *in, const cost_layout *lay, int l, double tc, double *need) {
+/* A layer's bundles: the probability mass needed (need) and missed (the return), given Che's time tc;
+ * *unasked: of the misses, those for a neuron the guess did not name (0 without p_unasked) */
+static double layer_misses(const cost_inputs *in, const cost_layout *lay, int l, double tc, double *need,
+                           double *unasked) {
     const long hot = lay->hot_bundles ? lay->hot_bundles[l] : in->n_bundles;
     double miss = 0;
-    *need = 0;
+    *need = *unasked = 0;
     for (long b = 0; b < in->n_bundles; b++) {
-        const double p = in->p_bundle[(size_t)l * in->n_bundles + b];
+        const size_t at = (size_t)l * in->n_bundles + b;
+        const double p = in->p_bundle[at];
         *need += p;
-        if (b >= hot) miss += p * (isinf(tc) ? 0 : exp(-p * tc));
+        if (b < hot) continue;
+        const double not_cached = isinf(tc) ? 0 : exp(-p * tc);
+        miss += p * not_cached;
+        if (in->p_unasked) *unasked += in->p_unasked[at] * not_cached;
     }
     return miss;
 }
@@ -79,10 +85,10 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
     const double tc = cold_p ? che_time(cold_p, n_cold, lay->cold_slots) : 0;
     free(cold_p);
 
-    double needed = 0, misses = 0, io_s = 0, compute_s = 0, total_s = 0;
+    double needed = 0, misses = 0, io_s = 0, compute_s = 0, total_s = 0, unasked;
     for (int l = 0; l < in->n_layer; l++) {
         double need;
-        misses += layer_misses(in, lay, l, tc, &need);
+        misses += layer_misses(in, lay, l, tc, &need, &unasked);
         needed += need;
     }
     /* asking ahead runs the predictor again, under a budget only */
@@ -92,9 +98,12 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
                     stream_s(in->guess_split_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem) +
                     in->n_layer * hw->bus_rtt_us * 0.5e-6
               : 0;
+    /* a miss the guess did not name is asked for at the FFN step, which waits for it: a read at depth 1
+     * and a bus round trip, once a layer in which any worker meets one (it waits at the barrier for it) */
+    const double round_trip_s = 1 / hw_io_iops(hw, in->stride, 1) + hw->bus_rtt_us * 1e-6;
     for (int l = 0; l < in->n_layer; l++) {
         double need;
-        const double miss = layer_misses(in, lay, l, tc, &need), ffn_s = layer_ffn_s(in, hw, T, mem, l);
+        const double miss = layer_misses(in, lay, l, tc, &need, &unasked), ffn_s = layer_ffn_s(in, hw, T, mem, l);
         /* a layer's misses go out as one batch: about one read's latency, then the rest at the queue
          * depth's throughput (both grow with the misses, so fewer misses never predict slower reads) */
         double io_l = 0;
@@ -107,7 +116,7 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
         /* what arrives computes as it lands: the missed share of the FFN comes after the reads */
         const double after_reads = io_l + ffn_s * (need > 0 ? miss / need : 0);
         const double layer_compute = dense_l + ffn_s + io_cpu_l;
-        const double layer_s = ahead ? fmax(layer_compute, after_reads)
+        const double layer_s = ahead ? fmax(layer_compute, after_reads) + (1 - exp(-unasked)) * round_trip_s
                                      : dense_l + fmax(ffn_s + io_cpu_l, after_reads);
         compute_s += layer_compute;
         total_s += layer_s;

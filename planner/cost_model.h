@@ -17,7 +17,9 @@
  * the predictor a second time and sending the batch: guess_*_bytes, half a
  * bus round trip), in gate-first from the FFN step
  * (the gate rows decide); the chunks whose bundles were read compute as
- * they land. Every read also takes the io-worker's CPU time (io_cpu_us), and
+ * they land. A miss the guess did not name is asked for at the FFN step and
+ * waited for: a read at depth 1 and a bus round trip, in every layer where
+ * a token meets one (1 - exp(-expected such misses) of the layers). Every read also takes the io-worker's CPU time (io_cpu_us), and
  * every batch its messages (io_batch_us; two batches a layer when asking
  * ahead, the guess's and the step's for what the guess missed, one in
  * gate-first): where the io-worker
@@ -42,6 +44,8 @@ typedef struct {
     long n_bundles;                /* per layer */
     size_t stride;                 /* bytes per bundle */
     const double *p_bundle;        /* [n_layer][n_bundles] */
+    const double *p_unasked;       /* [n_layer][n_bundles] or NULL: probability a token needs the bundle for a
+                                      neuron that the guess (asking ahead) did not name (bundle_order.h) */
     /* predictor weights read again per token to ask for the misses ahead (predictor mode; 0: no
      * guess): by every compute thread's worker whole (the first stage), and split between them */
     double guess_whole_bytes, guess_split_bytes;

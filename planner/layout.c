@@ -204,6 +204,7 @@ static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay,
                             .n_bundles = order->n_bundles,
                             .stride = (size_t)lay->stride,
                             .p_bundle = order->p_bundle,
+                            .p_unasked = order->p_unasked,
                             .guess_whole_bytes = f->guess_whole_bytes,
                             .guess_split_bytes = f->guess_split_bytes};
     const cost_layout cl = {.hot_bundles = resident,

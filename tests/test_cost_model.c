@@ -174,6 +174,23 @@ int main(void) {
     const long some_hot[N_LAYER] = {4, 4};
     CHECK(predict_us(&in, &slow_disk, some_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
           "more pinned bundles are never predicted slower");
+
+    /* the guess misses each bundle with probability 0.05 a token: 0.4 unnamed misses a layer, met in
+     * 1 - e^-0.4 of the layers, each a read at depth 1 (100 us) and a bus round trip (20 us) more */
+    static double p_unasked[N_LAYER * N_BUNDLES];
+    for (int i = 0; i < N_LAYER * N_BUNDLES; i++) p_unasked[i] = 0.05;
+    hw_profile slow_bus = slow_disk;
+    slow_bus.bus_rtt_us = 20;
+    const double named = predict_us(&in, &slow_bus, none_hot, 5);
+    in.p_unasked = p_unasked;
+    us = predict_us(&in, &slow_bus, none_hot, 5);
+    CHECK(near(us - named, 2 * (1 - exp(-0.4)) * 120), "unnamed misses: %.6f us more, want %.6f", us - named,
+          2 * (1 - exp(-0.4)) * 120);
+    us = predict_us(&in, &slow_bus, NULL, 5);
+    CHECK(near(us, 112 + 2 * 20.0), "resident: %.6f us, want 152 (no reads, named or not; a bus round trip a layer)",
+          us);
+    gf.p_unasked = p_unasked;
+    CHECK(near(predict_us(&gf, &slow_disk, none_hot, 5), 2 * (50 + 212.0)), "gate-first asks at the FFN step anyway");
     test_cold_share();
     return test_summary();
 }

@@ -62,7 +62,9 @@ static bool profiles_equal(const model_profile *a, const model_profile *b) {
            a->words == b->words && a->source_size == b->source_size &&
            a->source_fingerprint == b->source_fingerprint && a->run_hash == b->run_hash &&
            !memcmp(a->counts, b->counts, sizeof *a->counts * rows) &&
-           !memcmp(a->fired, b->fired, sizeof *a->fired * rows * (size_t)a->words);
+           !memcmp(a->fired, b->fired, sizeof *a->fired * rows * (size_t)a->words) &&
+           !a->guess_missed == !b->guess_missed &&
+           (!a->guess_missed || !memcmp(a->guess_missed, b->guess_missed, sizeof *a->guess_missed * rows));
 }
 
 static bool bit(const model_profile *p, int l, int i, int t) {
@@ -183,28 +185,37 @@ static void test_planted(const model *m, const char *path) {
 typedef struct {
     const model *m;
     const predictor *pred;
-    model_profile *want; /* filled here: bit t of the neurons the chunks select */
-    float *hidden, *logits;
+    model_profile *want; /* filled here: bit t of the neurons the chunks select, and the guess's misses */
+    float *hidden, *logits, *guess;
     act_vec conv;
     int token;
 } engine_path;
 
-static void engine_path_observer(void *ctx, int layer, const float *residual, const float *ffn_in,
-                                 const float *gate) {
-    (void)gate;
-    engine_path *e = ctx;
-    if (layer == 0) e->token++;
-    predictor_prepare(e->pred, layer, residual, ffn_in, e->hidden, &e->conv);
-    const float tau = predictor_threshold(e->pred, layer);
+/* logits[0..n_ff) as the cpu-workers' chunks compute them from x (predictor_prepare, then predictor_rows) */
+static void chunk_logits(engine_path *e, int layer, const float *x, const float *ffn_in, float *logits) {
+    predictor_prepare(e->pred, layer, x, ffn_in, e->hidden, &e->conv);
     for (int c = 0; c < ffn_chunk_count(e->m); c++) {
         long n0, n1;
         ffn_chunk_range(e->m, c, &n0, &n1);
-        predictor_rows(e->pred, layer, &e->conv, n0, n1, e->logits);
-        for (long i = n0; i < n1; i++)
-            if (e->logits[i - n0] >= tau)
-                e->want->fired[((size_t)layer * (size_t)e->m->n_ff + (size_t)i) * (size_t)e->want->words +
-                               (size_t)e->token / 64] |= 1ull << (e->token % 64);
+        predictor_rows(e->pred, layer, &e->conv, n0, n1, logits + n0);
     }
+}
+
+static void engine_path_observer(void *ctx, const ffn_observation *o) {
+    engine_path *e = ctx;
+    const int layer = o->layer;
+    if (layer == 0) e->token++;
+    const float tau = predictor_threshold(e->pred, layer);
+    chunk_logits(e, layer, o->residual, o->ffn_in, e->logits);
+    /* the guess (cpu-worker/decode.c, step_prefetch): this model's predictor reads the residual, so the
+     * layer's input as it is */
+    chunk_logits(e, layer, o->layer_in, NULL, e->guess);
+    for (long i = 0; i < e->m->n_ff; i++)
+        if (e->logits[i] >= tau) {
+            const size_t row = (size_t)layer * (size_t)e->m->n_ff + (size_t)i;
+            e->want->fired[row * (size_t)e->want->words + (size_t)e->token / 64] |= 1ull << (e->token % 64);
+            e->want->guess_missed[row] += e->guess[i] < tau;
+        }
 }
 
 static void test_predictor_mode(const model *m, const char *path) {
@@ -222,8 +233,12 @@ static void test_predictor_mode(const model *m, const char *path) {
     if (!pred || !p.fired) goto out;
     const int rank = predictor_max_rank(pred), wide = rank > m->n_embd ? rank : m->n_embd;
     model_profile want = {.n_ff = m->n_ff, .words = p.words};
-    want.fired = calloc((size_t)m->n_layer * (size_t)m->n_ff * (size_t)p.words, sizeof *want.fired);
+    const size_t rows = (size_t)m->n_layer * (size_t)m->n_ff;
+    want.fired = calloc(rows * (size_t)p.words, sizeof *want.fired);
+    want.guess_missed = calloc(rows, sizeof *want.guess_missed);
+    CHECK(predictor_get_input(pred) == PREDICTOR_INPUT_RESIDUAL, "the test model's predictor reads the residual");
     engine_path e = {m, pred, &want, malloc(sizeof(float) * (size_t)rank), malloc(sizeof(float) * (size_t)m->n_ff),
+                     malloc(sizeof(float) * (size_t)m->n_ff),
                      {.f16 = calloc((size_t)wide, sizeof(uint16_t)), .q8 = calloc((size_t)wide / QK8_0 + 1,
                                                                                   sizeof(block_q8_0))},
                      -1};
@@ -231,7 +246,17 @@ static void test_predictor_mode(const model *m, const char *path) {
     CHECK(predictor_run_prompts(m, &ro, engine_path_observer, &e, err, sizeof err) == 256, "%s", err);
     CHECK(!memcmp(want.fired, p.fired, sizeof *p.fired * (size_t)m->n_layer * (size_t)m->n_ff * (size_t)p.words),
           "predictor mode's fired sets differ from the engine's chunked selection");
-    free(want.fired), free(e.hidden), free(e.logits), free(e.conv.f16), free(e.conv.q8);
+    CHECK(p.guess_missed && !memcmp(want.guess_missed, p.guess_missed, sizeof *p.guess_missed * rows),
+          "the guess's misses differ from the chunked guess on each layer's input");
+    uint64_t fired = 0, missed = 0;
+    for (size_t r = 0; r < rows; r++) fired += p.counts[r], missed += p.guess_missed ? p.guess_missed[r] : 0;
+    /* attention moves the residual a little: the guess misses a few of the neurons, not none, not most */
+    CHECK(missed > 0 && missed < fired / 4, "the guess from the layer's input missed %llu of %llu firings",
+          (unsigned long long)missed, (unsigned long long)fired);
+    printf("the guess from each layer's input missed %.2f %% of the %llu selected neurons\n",
+           100.0 * (double)missed / (double)(fired ? fired : 1), (unsigned long long)fired);
+    free(want.fired), free(want.guess_missed), free(e.hidden), free(e.logits), free(e.guess), free(e.conv.f16),
+        free(e.conv.q8);
 
     /* how the predicted sets compare with the true firing, for the record */
     o.mode = FFN_GATE_FIRST;
@@ -326,6 +351,31 @@ static void corrupt(const unsigned char *buf, size_t n, const char *path, long a
     if (at >= 0 && (size_t)at + len <= n) memcpy(copy + at, with, len);
     write_all(path, copy, n);
     free(copy);
+}
+
+/* A predictor-mode profile keeps the guess's misses through its file, and a count of them above the
+ * neuron's firings is refused. */
+static void test_predictor_file(const model *m, const char *model_path) {
+    model_profile p, q;
+    model_profile_opts o = opts(FFN_PREDICTOR, 128, 1, model_path);
+    CHECK(model_profile_run(&p, m, &o, err, sizeof err) == 0 && p.guess_missed, "%s", err);
+    char path[512], bad[600];
+    snprintf(path, sizeof path, "%s/pwri.profile", dir);
+    CHECK(model_profile_save(&p, m, model_path, path, err, sizeof err) == 0, "save: %s", err);
+    CHECK(model_profile_load(&q, path, m, model_path, err, sizeof err) == 0 && profiles_equal(&p, &q),
+          "predictor-mode round trip: %s", err);
+    model_profile_free(&q);
+    size_t n;
+    unsigned char *buf = read_all(path, &n);
+    CHECK(buf, "reading %s", path);
+    if (buf && p.counts) {
+        snprintf(bad, sizeof bad, "%s/guess.profile", dir);
+        const uint32_t more = p.counts[(size_t)p.n_ff + 7] + 1; /* layer 1, neuron 7 */
+        corrupt(buf, n, bad, tensor_offset(path, "blk.1.guess_missed") + 7 * 4, &more, sizeof more);
+        expect_load_error("more guess misses than firings", bad, m, model_path, "layer 1 neuron 7: the guess missed");
+    }
+    free(buf);
+    model_profile_free(&p);
 }
 
 static void test_file(const model *m, const char *model_path, const model *other, const char *other_path) {
@@ -472,6 +522,7 @@ int main(void) {
         test_gate_first(&relu, relu_path);
         test_planted(&hot, hot_path);
         test_predictor_mode(&pwri, pwri_path);
+        test_predictor_file(&pwri, pwri_path);
         test_refusals(&relu, relu_path, &silu, silu_path);
         test_file(&relu, relu_path, &other, other_path);
         time_1024(&relu, relu_path);

@@ -9,15 +9,19 @@
 #include <sys/stat.h>
 
 #include "calib/predictor_build.h"
+#include "engine/ops.h"
 #include "engine/predictor.h"
 #include "util/checksum.h"
 #include "util/log.h"
 
 typedef struct {
     model_profile *p;
+    const model *m;
     const model_profile_opts *o;
     predictor *pred; /* FFN_PREDICTOR */
     float *logits;   /* [n_ff], FFN_PREDICTOR */
+    float *guess;    /* [n_ff], FFN_PREDICTOR: the logits from the layer's input */
+    float *guess_in; /* [n_embd], FFN_PREDICTOR: rmsnorm(layer input) * ffn_norm */
     int token;       /* the token the layers are seeing: layer 0 advances it */
 } run_ctx;
 
@@ -30,20 +34,38 @@ static void record(run_ctx *c, int layer, int i) {
     fired_row(c->p, layer, i)[c->token / 64] |= bit;
 }
 
+/* The cpu-workers' guess (cpu-worker/decode.c, step_prefetch): the layer's predictor on its input x, whose FFN
+ * input is then rmsnorm(x) * ffn_norm. */
+static void guess_logits(run_ctx *c, const ffn_observation *o) {
+    const model *m = c->m;
+    const float *ffn_in = NULL;
+    if (predictor_get_input(c->pred) == PREDICTOR_INPUT_FFN_NORM_OUT) {
+        rmsnorm(c->guess_in, o->layer_in, m->layers[o->layer].ffn_norm, m->n_embd, m->rms_eps);
+        ffn_in = c->guess_in;
+    }
+    predictor_logits(c->pred, o->layer, o->layer_in, ffn_in, c->guess);
+}
+
 /* Called once per layer per token, from the thread that runs the engine. */
-static void profile_observer(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate) {
+static void profile_observer(void *ctx, const ffn_observation *o) {
     run_ctx *c = ctx;
     model_profile *p = c->p;
+    const int layer = o->layer;
     if (layer == 0) c->token++;
     if (c->pred) {
         /* the engine's selection (ffn_chunks.c select_neurons): logit >= the layer's threshold */
-        predictor_logits(c->pred, layer, residual, ffn_in, c->logits);
+        guess_logits(c, o);
+        predictor_logits(c->pred, layer, o->residual, o->ffn_in, c->logits);
         const float tau = predictor_threshold(c->pred, layer);
+        uint32_t *missed = p->guess_missed + (size_t)layer * (size_t)p->n_ff;
         for (int i = 0; i < p->n_ff; i++)
-            if (c->logits[i] >= tau) record(c, layer, i);
+            if (c->logits[i] >= tau) {
+                record(c, layer, i);
+                missed[i] += c->guess[i] < tau;
+            }
     } else {
         for (int i = 0; i < p->n_ff; i++)
-            if (gate[i] > 0) record(c, layer, i);
+            if (o->gate[i] > 0) record(c, layer, i);
     }
     if (layer == p->n_layer - 1 && c->o->progress) c->o->progress(c->o->progress_ctx, c->token + 1, c->o->n_tokens);
 }
@@ -117,9 +139,15 @@ int model_profile_run(model_profile *p, const model *m, const model_profile_opts
     const size_t rows = (size_t)m->n_layer * (size_t)m->n_ff;
     p->fired = calloc(rows * (size_t)p->words, sizeof *p->fired);
     p->counts = calloc(rows, sizeof *p->counts);
-    run_ctx c = {.p = p, .o = o, .token = -1};
-    if (o->mode == FFN_PREDICTOR) c.logits = malloc(sizeof(float) * (size_t)m->n_ff);
-    if (!p->fired || !p->counts || (o->mode == FFN_PREDICTOR && !c.logits)) {
+    run_ctx c = {.p = p, .m = m, .o = o, .token = -1};
+    if (o->mode == FFN_PREDICTOR) {
+        c.logits = malloc(sizeof(float) * (size_t)m->n_ff);
+        c.guess = malloc(sizeof(float) * (size_t)m->n_ff);
+        c.guess_in = malloc(sizeof(float) * (size_t)m->n_embd);
+        p->guess_missed = calloc(rows, sizeof *p->guess_missed);
+    }
+    if (!p->fired || !p->counts ||
+        (o->mode == FFN_PREDICTOR && (!c.logits || !c.guess || !c.guess_in || !p->guess_missed))) {
         err_set(err, errlen, "out of memory for the profile of %s (%zu neurons x %d tokens)", name, rows, o->n_tokens);
         goto fail;
     }
@@ -138,17 +166,18 @@ int model_profile_run(model_profile *p, const model *m, const model_profile_opts
     repack_rows(p, allocated);
     count_fired(p);
     predictor_free(c.pred);
-    free(c.logits);
+    free(c.logits), free(c.guess), free(c.guess_in);
     return 0;
 fail:
     predictor_free(c.pred);
-    free(c.logits);
+    free(c.logits), free(c.guess), free(c.guess_in);
     model_profile_free(p);
     return -1;
 }
 
 void model_profile_free(model_profile *p) {
     free(p->counts);
+    free(p->guess_missed);
     free(p->fired);
     memset(p, 0, sizeof *p);
 }

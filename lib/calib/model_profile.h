@@ -10,6 +10,13 @@
  * (its logit >= its threshold, as the engine selects them), evaluated on the
  * reference engine's dense residual stream.
  *
+ * In predictor mode the profile also counts, per neuron, the tokens on which
+ * the stack's early guess missed it: the predictor run on the layer's input
+ * (before attention, as the cpu-workers run it to ask for the layer's missing
+ * bundles ahead) did not name a neuron that the FFN step's own selection then
+ * named. Under a budget such a neuron, when not resident, is read at the FFN
+ * step in a round trip of its own (docs/planner.md, cost model).
+ *
  * Errors: functions returning int give 0, or -1 with a message in err that
  * names the file or model concerned. */
 #ifndef PI2_CALIB_MODEL_PROFILE_H
@@ -21,7 +28,7 @@
 #include "engine/ffn_mode.h"
 #include "engine/model.h"
 
-#define MODEL_PROFILE_VERSION 1
+#define MODEL_PROFILE_VERSION 2
 #define MODEL_PROFILE_MAX_TOKENS (1 << 24) /* of a run, and of a file the reader accepts */
 
 typedef struct {
@@ -31,6 +38,8 @@ typedef struct {
     uint64_t source_size, source_fingerprint; /* model_fingerprint of the profiled model */
     uint64_t run_hash;           /* model_profile_run_hash of the run: a profile names what it saw */
     uint32_t *counts;            /* [n_layer][n_ff]: tokens on which the neuron fired */
+    uint32_t *guess_missed;      /* [n_layer][n_ff], predictor mode (else NULL): of those tokens, the ones on
+                                  * which the guess from the layer's input did not name it */
     uint64_t *fired;             /* [n_layer][n_ff][words]: bit t of a neuron's row = fired on token t */
     int words;                   /* (n_tokens + 63) / 64 */
 } model_profile;
@@ -78,8 +87,9 @@ uint32_t model_profile_cofired(const model_profile *p, int l, int i, int j);
 /* Saved as a GGUF file (general.type "pi2.profile"): keys pi2.profile.*
  * (version, mode, n_tokens, n_layer, n_ff, source size / fingerprint / name,
  * run hash), per layer the I8 tensor blk.L.fired [words * 8, n_ff] (each
- * neuron's bitset as little-endian words) and the I32 tensor blk.L.counts
- * [n_ff]. save refuses a p that was not made from m (model_path gives the
+ * neuron's bitset as little-endian words), the I32 tensor blk.L.counts
+ * [n_ff] and, in predictor mode, the I32 tensor blk.L.guess_missed [n_ff]
+ * (each at most the neuron's count). save refuses a p that was not made from m (model_path gives the
  * source name). load validates every key and tensor (counts against the
  * bitsets, no bit past n_tokens) and, with m (may be NULL), that the profile
  * was made from m's file, naming both files otherwise. 0, or -1 with err set. */

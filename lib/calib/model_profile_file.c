@@ -46,6 +46,10 @@ static void declare(gguf_writer *w, const model_profile *p, const char *model_pa
         gguf_w_tensor(w, name, GGML_TYPE_I8, 2, fired_ne);
         snprintf(name, sizeof name, "blk.%d.counts", l);
         gguf_w_tensor(w, name, GGML_TYPE_I32, 1, counts_ne);
+        if (p->guess_missed) {
+            snprintf(name, sizeof name, "blk.%d.guess_missed", l);
+            gguf_w_tensor(w, name, GGML_TYPE_I32, 1, counts_ne);
+        }
     }
 }
 
@@ -56,7 +60,8 @@ static int write_data(gguf_writer *w, const model_profile *p, FILE *fp) {
         const size_t at = (size_t)l * (size_t)p->n_ff;
         /* counts below 2^31: their uint32 bytes are the int32 ones */
         if (gguf_w_data(w, p->fired + at * (size_t)p->words, layer_fired_bytes(p)) ||
-            gguf_w_data(w, p->counts + at, sizeof(uint32_t) * (size_t)p->n_ff))
+            gguf_w_data(w, p->counts + at, sizeof(uint32_t) * (size_t)p->n_ff) ||
+            (p->guess_missed && gguf_w_data(w, p->guess_missed + at, sizeof(uint32_t) * (size_t)p->n_ff)))
             return -1;
     }
     return gguf_w_finish(w);
@@ -173,7 +178,7 @@ static int read_keys(reader *r, model_profile *p, gguf_str *source_name) {
     return 0;
 }
 
-/* Layer l's tensor `what` ("fired" or "counts") of the given type and shape, or NULL with err set. */
+/* Layer l's tensor `what` ("fired", "counts" or "guess_missed") of the given type and shape, or NULL with err set. */
 static const gguf_tensor *layer_tensor(reader *r, int l, const char *what, uint32_t type, uint32_t n_dims,
                                        const uint64_t *ne) {
     char name[64];
@@ -192,15 +197,17 @@ static const gguf_tensor *layer_tensor(reader *r, int l, const char *what, uint3
 
 /* Every tensor is checked before anything is allocated: the sizes then come from a valid file. */
 static int check_tensors(reader *r, const model_profile *p) {
-    if (r->g.n_tensors != 2 * (uint64_t)p->n_layer) {
-        err_set(r->err, r->errlen, "%s: %llu tensors, a profile of %d layers has %d", r->path,
-                (unsigned long long)r->g.n_tensors, p->n_layer, 2 * p->n_layer);
+    const int per_layer = p->mode == FFN_PREDICTOR ? 3 : 2; /* fired, counts, and the guess's misses */
+    if (r->g.n_tensors != (uint64_t)per_layer * (uint64_t)p->n_layer) {
+        err_set(r->err, r->errlen, "%s: %llu tensors, a %s profile of %d layers has %d", r->path,
+                (unsigned long long)r->g.n_tensors, ffn_mode_name(p->mode), p->n_layer, per_layer * p->n_layer);
         return -1;
     }
     const uint64_t fired_ne[2] = {(uint64_t)p->words * 8, (uint64_t)p->n_ff}, counts_ne[1] = {(uint64_t)p->n_ff};
     for (int l = 0; l < p->n_layer; l++)
         if (!layer_tensor(r, l, "fired", GGML_TYPE_I8, 2, fired_ne) ||
-            !layer_tensor(r, l, "counts", GGML_TYPE_I32, 1, counts_ne))
+            !layer_tensor(r, l, "counts", GGML_TYPE_I32, 1, counts_ne) ||
+            (per_layer == 3 && !layer_tensor(r, l, "guess_missed", GGML_TYPE_I32, 1, counts_ne)))
             return -1;
     return 0;
 }
@@ -209,7 +216,8 @@ static int copy_tensors(reader *r, model_profile *p) {
     const size_t rows = (size_t)p->n_layer * (size_t)p->n_ff;
     p->fired = malloc(sizeof *p->fired * rows * (size_t)p->words);
     p->counts = malloc(sizeof *p->counts * rows);
-    if (!p->fired || !p->counts) {
+    if (p->mode == FFN_PREDICTOR) p->guess_missed = malloc(sizeof *p->guess_missed * rows);
+    if (!p->fired || !p->counts || (p->mode == FFN_PREDICTOR && !p->guess_missed)) {
         err_set(r->err, r->errlen, "%s: out of memory", r->path);
         return -1;
     }
@@ -220,6 +228,10 @@ static int copy_tensors(reader *r, model_profile *p) {
         memcpy(p->fired + at * (size_t)p->words, gguf_find_tensor(&r->g, name)->data, layer_fired_bytes(p));
         snprintf(name, sizeof name, "blk.%d.counts", l);
         memcpy(p->counts + at, gguf_find_tensor(&r->g, name)->data, sizeof *p->counts * (size_t)p->n_ff);
+        if (p->guess_missed) {
+            snprintf(name, sizeof name, "blk.%d.guess_missed", l);
+            memcpy(p->guess_missed + at, gguf_find_tensor(&r->g, name)->data, sizeof *p->counts * (size_t)p->n_ff);
+        }
     }
     return 0;
 }
@@ -242,6 +254,11 @@ static int check_counts(reader *r, const model_profile *p) {
             if (n != p->counts[row]) {
                 err_set(r->err, r->errlen, "%s: layer %d neuron %d: count %u, but its bitset holds %u tokens", r->path,
                         l, i, p->counts[row], n);
+                return -1;
+            }
+            if (p->guess_missed && p->guess_missed[row] > n) {
+                err_set(r->err, r->errlen, "%s: layer %d neuron %d: the guess missed it on %u tokens, more than the %u "
+                        "it fired on", r->path, l, i, p->guess_missed[row], n);
                 return -1;
             }
         }

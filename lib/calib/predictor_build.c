@@ -131,11 +131,13 @@ typedef struct {
     int failed;
 } calib_ctx;
 
-static void calib_observer(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate) {
+static void calib_observer(void *ctx, const ffn_observation *o) {
     calib_ctx *c = ctx;
+    const int layer = o->layer;
+    const float *gate = o->gate;
     if (c->failed) return;
     if (layer == 0) c->token++;
-    predictor_logits(c->p, layer, residual, ffn_in, c->logits);
+    predictor_logits(c->p, layer, o->residual, o->ffn_in, c->logits);
     uint64_t key = synth_key(0xca1b, c->token, (uint64_t)layer, 0);
     for (int i = 0; i < c->m->n_ff; i++) {
         if (synth_mix(key + (uint64_t)i) >= c->keep_below) continue;

@@ -95,10 +95,12 @@ typedef struct {
     float *logits;
 } eval_ctx;
 
-static void eval_observer(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate) {
+static void eval_observer(void *ctx, const ffn_observation *o) {
     eval_ctx *c = ctx;
+    const int layer = o->layer;
+    const float *gate = o->gate;
     predictor_layer_stats *s = &c->stats[layer];
-    predictor_logits(c->p, layer, residual, ffn_in, c->logits);
+    predictor_logits(c->p, layer, o->residual, o->ffn_in, c->logits);
     const float tau = predictor_threshold(c->p, layer), cut = predictor_gate_cut(c->p, layer);
     s->tokens++;
     for (int i = 0; i < c->m->n_ff; i++) {

@@ -11,11 +11,10 @@ typedef struct {
     uint32_t *counts;
 } count_ctx;
 
-static void count_observer(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate) {
-    (void)residual, (void)ffn_in;
+static void count_observer(void *ctx, const ffn_observation *o) {
     count_ctx *c = ctx;
-    uint32_t *row = c->counts + (size_t)layer * c->n_ff;
-    for (int i = 0; i < c->n_ff; i++) row[i] += gate[i] > 0;
+    uint32_t *row = c->counts + (size_t)o->layer * c->n_ff;
+    for (int i = 0; i < c->n_ff; i++) row[i] += o->gate[i] > 0;
 }
 
 int reorder_count_firing(const model *m, const predictor_run_opts *o, uint32_t *counts, char *err, size_t errlen) {

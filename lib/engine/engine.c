@@ -86,7 +86,7 @@ void engine_free(engine *e) {
     free(e->k_cache); free(e->v_cache);
     free(e->x); free(e->xb); free(e->q); free(e->kv_k); free(e->kv_v); free(e->att_out);
     free(e->hb); free(e->logits); free(e->scores); free(e->probs16); free(e->q16); free(e->rope_cs);
-    free(e->gate_pre); free(e->in.f16); free(e->in.q8);
+    free(e->gate_pre); free(e->layer_in); free(e->in.f16); free(e->in.q8);
     if (e->scratch)
         for (int t = 0; t < e->n_threads; t++) ffn_scratch_free(&e->scratch[t]);
     free(e->scratch); free(e->chunk_stats); free(e->partials);
@@ -101,7 +101,8 @@ void engine_count_firing(engine *e, uint32_t *counts) { e->fire_counts = counts;
 
 void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx) {
     if (fn && !e->gate_pre) e->gate_pre = malloc(sizeof(float) * (size_t)e->m->n_ff);
-    e->observer = e->gate_pre ? fn : NULL;
+    if (fn && !e->layer_in) e->layer_in = malloc(sizeof(float) * (size_t)e->m->n_embd);
+    e->observer = e->gate_pre && e->layer_in ? fn : NULL;
     e->observer_ctx = ctx;
 }
 
@@ -282,7 +283,7 @@ void engine_ffn_block(engine *e, int l, int pos) {
     if (e->observer) {
         matvec_job gj = {e, 1, {&w->gate}, {e->gate_pre}};
         pool_run(e->pool, matvec_worker, &gj);
-        e->observer(e->observer_ctx, l, e->x, e->xb, e->gate_pre);
+        e->observer(e->observer_ctx, &(ffn_observation){l, e->layer_in, e->x, e->xb, e->gate_pre});
     }
     if (ffn_mode_chunked(m, e->ffn_mode)) {
         ffn_chunked(e, l);
@@ -305,6 +306,7 @@ float *engine_forward(engine *e, int token, int pos) {
     memset(&e->stats, 0, sizeof e->stats);
     rope_angles(e->rope_cs, m->head_dim, pos, m->rope_base);
     for (int l = 0; l < m->n_layer; l++) {
+        if (e->observer) memcpy(e->layer_in, e->x, sizeof(float) * (size_t)m->n_embd);
         attention_block(e, l, pos);
         engine_ffn_block(e, l, pos);
     }

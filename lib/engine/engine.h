@@ -77,10 +77,17 @@ typedef struct {
 void engine_ffn_stats(const engine *e, engine_ffn_stats_t *st);
 
 /* Offline tools (predictor builder, statistics) observe each layer's FFN:
- * called from the calling thread once per layer per token with the residual
- * before the FFN norm, the FFN input rmsnorm(x)*ffn_norm ([n_embd] each) and
- * the gate pre-activations [n_ff]. Costs an extra gate product; fn NULL stops. */
-typedef void (*ffn_observer)(void *ctx, int layer, const float *residual, const float *ffn_in, const float *gate);
+ * called from the calling thread once per layer per token (engine_forward's
+ * token-by-token path; a prompt then goes token by token). Costs an extra
+ * gate product; fn NULL stops. */
+typedef struct {
+    int layer;
+    const float *layer_in; /* [n_embd]: the layer's input, before attention */
+    const float *residual; /* [n_embd]: x before the FFN norm */
+    const float *ffn_in;   /* [n_embd]: rmsnorm(x) * ffn_norm */
+    const float *gate;     /* [n_ff]: the gate pre-activations */
+} ffn_observation;
+typedef void (*ffn_observer)(void *ctx, const ffn_observation *o);
 void engine_observe_ffn(engine *e, ffn_observer fn, void *ctx);
 
 #endif

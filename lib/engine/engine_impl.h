@@ -32,6 +32,7 @@ struct engine {
     ffn_observer observer;
     void *observer_ctx;
     float *gate_pre;     /* [n_ff], allocated when an observer is set */
+    float *layer_in;     /* [n_embd]: the layer's input, kept for the observer */
     ffn_mode ffn_mode;
     /* the chunked FFN (ffn_chunks.h) */
     const sparse_kernels *gather, *axpy;

@@ -258,7 +258,7 @@ float *engine_prefill(engine *e, const int *tokens, int n) {
     if (n <= 0 || n > e->n_ctx) return NULL;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= e->m->n_vocab) return NULL;
-    if (e->llama && n >= 2) return prefill_batch(e, tokens, n);
+    if (e->llama && n >= 2 && !e->observer) return prefill_batch(e, tokens, n); /* an observer sees every layer */
     if (!e->llama && !e->token_prompt && !e->observer && !e->fire_counts && prompt_pass_takes(e->m))
         return prefill_blocks(e, tokens, n);
     float *logits = NULL;
