@@ -355,16 +355,25 @@ static void corrupt(const unsigned char *buf, size_t n, const char *path, long a
 
 /* A predictor-mode profile keeps the guess's misses through its file, and a count of them above the
  * neuron's firings is refused. */
-static void test_predictor_file(const model *m, const char *model_path) {
-    model_profile p, q;
-    model_profile_opts o = opts(FFN_PREDICTOR, 128, 1, model_path);
-    CHECK(model_profile_run(&p, m, &o, err, sizeof err) == 0 && p.guess_missed, "%s", err);
-    char path[512], bad[600];
-    snprintf(path, sizeof path, "%s/pwri.profile", dir);
-    CHECK(model_profile_save(&p, m, model_path, path, err, sizeof err) == 0, "save: %s", err);
-    CHECK(model_profile_load(&q, path, m, model_path, err, sizeof err) == 0 && profiles_equal(&p, &q),
-          "predictor-mode round trip: %s", err);
+/* A profile of `tokens` tokens in `mode` into p, saved as dir/name (path), read back with the model and
+ * compared. */
+static void profile_round_trip(const model *m, const char *model_path, ffn_mode mode, int tokens, const char *name,
+                               model_profile *p, char *path, size_t path_len) {
+    model_profile q;
+    model_profile_opts o = opts(mode, tokens, 1, model_path);
+    CHECK(model_profile_run(p, m, &o, err, sizeof err) == 0, "%s", err);
+    snprintf(path, path_len, "%s/%s", dir, name);
+    CHECK(model_profile_save(p, m, model_path, path, err, sizeof err) == 0, "save: %s", err);
+    CHECK(model_profile_load(&q, path, m, model_path, err, sizeof err) == 0 && profiles_equal(p, &q),
+          "%s round trip with the model: %s", ffn_mode_name(mode), err);
     model_profile_free(&q);
+}
+
+static void test_predictor_file(const model *m, const char *model_path) {
+    model_profile p;
+    char path[512], bad[600];
+    profile_round_trip(m, model_path, FFN_PREDICTOR, 128, "pwri.profile", &p, path, sizeof path);
+    CHECK(p.guess_missed, "a predictor-mode profile counts the guess's misses");
     size_t n;
     unsigned char *buf = read_all(path, &n);
     CHECK(buf, "reading %s", path);
@@ -380,14 +389,9 @@ static void test_predictor_file(const model *m, const char *model_path) {
 
 static void test_file(const model *m, const char *model_path, const model *other, const char *other_path) {
     model_profile p, q;
-    model_profile_opts o = opts(FFN_GATE_FIRST, 200, 1, model_path); /* 200: a partial last word */
-    CHECK(model_profile_run(&p, m, &o, err, sizeof err) == 0, "%s", err);
     char path[512], bad[600];
-    snprintf(path, sizeof path, "%s/relu.profile", dir);
-    CHECK(model_profile_save(&p, m, model_path, path, err, sizeof err) == 0, "save: %s", err);
-    CHECK(model_profile_load(&q, path, m, model_path, err, sizeof err) == 0 && profiles_equal(&p, &q),
-          "round trip with the model: %s", err);
-    model_profile_free(&q);
+    /* 200 tokens: a partial last word */
+    profile_round_trip(m, model_path, FFN_GATE_FIRST, 200, "relu.profile", &p, path, sizeof path);
     CHECK(model_profile_load(&q, path, NULL, NULL, err, sizeof err) == 0 && profiles_equal(&p, &q),
           "round trip without: %s", err);
     model_profile_free(&q);
