@@ -85,9 +85,9 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
     const double tc = cold_p ? che_time(cold_p, n_cold, lay->cold_slots) : 0;
     free(cold_p);
 
-    double needed = 0, misses = 0, io_s = 0, compute_s = 0, total_s = 0, unasked;
+    double needed = 0, misses = 0, io_s = 0, compute_s = 0, total_s = 0;
     for (int l = 0; l < in->n_layer; l++) {
-        double need;
+        double need, unasked;
         misses += layer_misses(in, lay, l, tc, &need, &unasked);
         needed += need;
     }
@@ -102,7 +102,7 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
      * and a bus round trip, once a layer in which any worker meets one (it waits at the barrier for it) */
     const double round_trip_s = 1 / hw_io_iops(hw, in->stride, 1) + hw->bus_rtt_us * 1e-6;
     for (int l = 0; l < in->n_layer; l++) {
-        double need;
+        double need, unasked;
         const double miss = layer_misses(in, lay, l, tc, &need, &unasked), ffn_s = layer_ffn_s(in, hw, T, mem, l);
         /* a layer's misses go out as one batch: about one read's latency, then the rest at the queue
          * depth's throughput (both grow with the misses, so fewer misses never predict slower reads) */
