@@ -218,12 +218,7 @@ static void step_prefetch(decoder *d, const decode_step *s) {
     const model *m = d->m;
     const int l = s->layer;
     const float *x = d->x_layers + (size_t)l * m->n_embd;
-    const float *ffn_in = NULL;
-    if (predictor_get_input(d->pred) == PREDICTOR_INPUT_FFN_NORM_OUT) {
-        rmsnorm(d->xb, x, m->layers[l].ffn_norm, m->n_embd, m->rms_eps);
-        ffn_in = d->xb;
-    }
-    predictor_prepare(d->pred, l, x, ffn_in, d->ahead_hidden, &d->pred_conv);
+    predictor_prepare(d->pred, l, x, predictor_guess_ffn_in(d->pred, l, x, d->xb), d->ahead_hidden, &d->pred_conv);
     const ffn_layer f = {.m = m, .k = d->k, .layer = l, .mode = FFN_PREDICTOR, .pred = d->pred,
                          .pred_hidden = &d->pred_conv};
     ffn_offload_prefetch(d->offload, &f, s->chunks, s->n_chunks, d->pool, d->scratch);

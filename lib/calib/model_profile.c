@@ -9,14 +9,12 @@
 #include <sys/stat.h>
 
 #include "calib/predictor_build.h"
-#include "engine/ops.h"
 #include "engine/predictor.h"
 #include "util/checksum.h"
 #include "util/log.h"
 
 typedef struct {
     model_profile *p;
-    const model *m;
     const model_profile_opts *o;
     predictor *pred; /* FFN_PREDICTOR */
     float *logits;   /* [n_ff], FFN_PREDICTOR */
@@ -34,15 +32,9 @@ static void record(run_ctx *c, int layer, int i) {
     fired_row(c->p, layer, i)[c->token / 64] |= bit;
 }
 
-/* The cpu-workers' guess (cpu-worker/decode.c, step_prefetch): the layer's predictor on its input x, whose FFN
- * input is then rmsnorm(x) * ffn_norm. */
+/* The cpu-workers' guess (cpu-worker/decode.c, step_prefetch): the layer's predictor on its input. */
 static void guess_logits(run_ctx *c, const ffn_observation *o) {
-    const model *m = c->m;
-    const float *ffn_in = NULL;
-    if (predictor_get_input(c->pred) == PREDICTOR_INPUT_FFN_NORM_OUT) {
-        rmsnorm(c->guess_in, o->layer_in, m->layers[o->layer].ffn_norm, m->n_embd, m->rms_eps);
-        ffn_in = c->guess_in;
-    }
+    const float *ffn_in = predictor_guess_ffn_in(c->pred, o->layer, o->layer_in, c->guess_in);
     predictor_logits(c->pred, o->layer, o->layer_in, ffn_in, c->guess);
 }
 
@@ -139,7 +131,7 @@ int model_profile_run(model_profile *p, const model *m, const model_profile_opts
     const size_t rows = (size_t)m->n_layer * (size_t)m->n_ff;
     p->fired = calloc(rows * (size_t)p->words, sizeof *p->fired);
     p->counts = calloc(rows, sizeof *p->counts);
-    run_ctx c = {.p = p, .m = m, .o = o, .token = -1};
+    run_ctx c = {.p = p, .o = o, .token = -1};
     if (o->mode == FFN_PREDICTOR) {
         c.logits = malloc(sizeof(float) * (size_t)m->n_ff);
         c.guess = malloc(sizeof(float) * (size_t)m->n_ff);

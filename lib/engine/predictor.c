@@ -344,6 +344,13 @@ static void predictor_gemv(const predictor *p, const weight *w, const act_vec *c
 
 long predictor_rank(const predictor *p, int layer) { return (long)p->a[layer].rows; }
 
+const float *predictor_guess_ffn_in(const predictor *p, int layer, const float *x, float *scratch) {
+    if (predictor_get_input(p) != PREDICTOR_INPUT_FFN_NORM_OUT) return NULL;
+    const model *m = p->m;
+    rmsnorm(scratch, x, m->layers[layer].ffn_norm, m->n_embd, m->rms_eps);
+    return scratch;
+}
+
 void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
                            long r1, float *hidden, act_vec *conv) {
     const weight *a = &p->a[layer];

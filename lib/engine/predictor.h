@@ -88,6 +88,11 @@ void predictor_rows(const predictor *p, int layer, const act_vec *conv, long i0,
  * predictor_hidden_done converts it for predictor_rows (conv may then point
  * into hidden). */
 long predictor_rank(const predictor *p, int layer);
+/* The FFN input predictor_prepare takes with a layer's input x as the residual, for the cpu-workers'
+ * early guess of a layer's neurons before its attention (and the model profile, which counts its
+ * misses): rmsnorm(x) * the layer's ffn_norm into scratch [n_embd] when the predictor reads the FFN's
+ * input; NULL when it reads the residual. */
+const float *predictor_guess_ffn_in(const predictor *p, int layer, const float *x, float *scratch);
 void predictor_hidden_rows(const predictor *p, int layer, const float *residual, const float *ffn_in, long r0,
                            long r1, float *hidden, act_vec *conv);
 void predictor_hidden_done(const predictor *p, int layer, const float *hidden, act_vec *conv);

@@ -228,7 +228,6 @@ enum { Q4_GATHER_ROWS = 8 };
 QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xquad *quads, const block_q8_0 *x,
                                int cb, const char *const *ahead, size_t ahead_step, float *sum,
                                prefetch_level level) {
-    const size_t quad_bytes = 4 * sizeof(block_q4_0);
     const int nquads = cb / 4;
     __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
 #pragma GCC unroll Q4_GATHER_ROWS
@@ -248,9 +247,9 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xq
     }
 #pragma GCC unroll Q4_GATHER_ROWS
     for (int r = 0; r < rows; r++) {
-        if (k < nquads) {
-            prefetch_to(ahead[r] + (size_t)k * quad_bytes, level);
-            prefetch_to(ahead[r] + (size_t)k * quad_bytes + 64, level);
+        if (k < nquads) { /* k is even here: the step's offset in ahead[r], as the loop's */
+            prefetch_to(ahead[r] + (size_t)(k / 2) * ahead_step, level);
+            prefetch_to(ahead[r] + (size_t)(k / 2) * ahead_step + 64, level);
             acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, quads[k]);
         }
         sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
