@@ -452,14 +452,14 @@ static bool ahead_wanted(void) {
     return !env || strcmp(env, "0") != 0;
 }
 
-static int sparse_setup(decoder *d, const char *runid, const char *name) {
+static int sparse_setup(decoder *d, const char *runid, const char *name, bool realtime_io) {
     const model *m = d->m;
     const stack_ctl *ctl = d->sv->ctl;
     ffn_mode mode = (ffn_mode)ctl->params.ffn_mode;
     d->n_chunks = ffn_chunk_count(m);
     /* under a budget a worker computes its own chunks: their rows are pinned by the worker that asked for them */
     d->steal = !d->sv->budgeted && d->n_workers > 1 && m->layers[0].down_t.data && d->n_chunks <= CHUNK_QUEUE_MAX;
-    if (d->sv->budgeted && !(d->offload = ffn_offload_new(d->sv, runid, name, d->index))) return -1;
+    if (d->sv->budgeted && !(d->offload = ffn_offload_new(d->sv, runid, name, d->index, realtime_io))) return -1;
     if (mode != FFN_DENSE && !d->sv->budgeted && !m->layers[0].down_t.data && build_down_t(d)) return -1;
     if (mode != FFN_PREDICTOR) return 0;
     char err[512];
@@ -484,7 +484,8 @@ static int sparse_setup(decoder *d, const char *runid, const char *name) {
     return bad ? -1 : 0;
 }
 
-decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads) {
+decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads,
+                     bool realtime_io) {
     decoder *d = calloc(1, sizeof *d);
     if (!d) { log_error("out of memory"); return NULL; }
     const model *m = &sv->m;
@@ -533,7 +534,7 @@ decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, 
         decoder_free(d);
         return NULL;
     }
-    if (sparse_setup(d, runid, name)) {
+    if (sparse_setup(d, runid, name, realtime_io)) {
         decoder_free(d);
         return NULL;
     }

@@ -22,8 +22,10 @@ typedef struct decoder decoder;
 
 /* Worker `index` of the stack's n_cpu_workers, computing with n_threads.
  * Private scratch is allocated here, once. NULL on allocation failure (logged). */
-/* name: this worker's ("cpu-worker.<index>"), its identity to the io-worker under a budget. */
-decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads);
+/* name: this worker's ("cpu-worker.<index>"), its identity to the io-worker under a budget;
+ * realtime_io: its link to the io-worker there at real-time priority (ffn_offload_new). */
+decoder *decoder_new(const stack_view *sv, const char *runid, const char *name, int index, int n_threads,
+                     bool realtime_io);
 void decoder_free(decoder *d);
 
 /* One task. The FFN is chunked (ffn_chunks.h) unless mode is FFN_DENSE on a

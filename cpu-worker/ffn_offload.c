@@ -125,7 +125,7 @@ static int attach_lent(ffn_offload *o, const char *seg_name) {
     return 0;
 }
 
-ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index) {
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index, bool realtime_io) {
     ffn_offload *o = calloc(1, sizeof *o);
     if (!o) return NULL;
     o->sv = sv;
@@ -159,7 +159,12 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
     struct bus_opts opts = bus_default_opts();
     opts.max_frame = MSG_MAX_FRAME;
     if (rundir_path(dir, sizeof dir, runid) || bus_endpoint_ipc(endpoint, sizeof endpoint, dir, "io", -1) ||
-        !(o->ctx = bus_ctx_new()) || !(o->sock = bus_connect(o->ctx, BUS_DEALER, endpoint, name, &opts))) {
+        !(o->ctx = bus_ctx_new())) {
+        log_error("connecting to the io-worker: %s", bus_last_error());
+        goto fail;
+    }
+    if (realtime_io && bus_ctx_realtime_io(o->ctx)) log_info("the link to the io-worker at normal priority: %s", bus_last_error());
+    if (!(o->sock = bus_connect(o->ctx, BUS_DEALER, endpoint, name, &opts))) {
         log_error("connecting to the io-worker: %s", bus_last_error());
         goto fail;
     }

@@ -21,8 +21,11 @@ typedef struct ffn_offload ffn_offload;
 
 /* Attaches runid's neuron cache segment and its slot table, takes over the
  * pin log of cpu-worker `index` (letting go of what a killed predecessor
- * held), and connects to the io-worker as `name`. NULL (logged) on failure. */
-ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index);
+ * held), and connects to the io-worker as `name`; realtime_io: the thread
+ * that carries the link's messages at real-time priority when the process may
+ * (util/realtime.h: a layer's requests then leave at once, not when this
+ * core's computing thread yields). NULL (logged) on failure. */
+ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index, bool realtime_io);
 void ffn_offload_free(ffn_offload *o);
 
 /* Layer f->layer's chunks[0..n_chunks) into partials[chunk][n_embd], with

@@ -23,7 +23,9 @@ static void usage(FILE *f) {
     fputs("usage: cpu-worker -m MODEL.gguf -i INDEX [-r RUNID] [-t THREADS]\n"
           "Decode worker INDEX (0 .. cpu-workers - 1) of the pi2 stack RUNID: computes its share of\n"
           "every layer's heads, rows and FFN neurons for the coordinator.\n"
-          "  -i, --index N        worker index\n",
+          "  -i, --index N        worker index\n"
+          "      --no-realtime    under a memory budget, leave the thread that carries the bundle requests\n"
+          "                       to the io-worker at normal priority (default: SCHED_FIFO when allowed)\n",
           f);
     worker_args_help(f, 1, "task");
     fputs("  PI2_CHUNK_DELAY=I:N  worker I sleeps N us after each batch of its own FFN chunks (a slow core:\n"
@@ -195,7 +197,7 @@ int main(int argc, char **argv) {
     if (chunk_delay_for(o.index, &chunk_delay_us)) goto out;
     char name[32];
     snprintf(name, sizeof name, "cpu-worker.%d", o.index);
-    if (!(dec = decoder_new(&sv, o.runid, name, o.index, o.n_threads))) goto out;
+    if (!(dec = decoder_new(&sv, o.runid, name, o.index, o.n_threads, o.realtime_io))) goto out;
     decoder_set_chunk_delay(dec, chunk_delay_us);
     if (worker_link_open(&link, sv.ctl, o.runid, name, PI2__PROCESS_KIND__CPU, (uint32_t)o.index,
                          (uint32_t)o.n_threads))

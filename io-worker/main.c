@@ -12,6 +12,7 @@
 #include "util/cli.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/realtime.h"
 #include "stack/msg.h"
 #include "stack/rundir.h"
 
@@ -19,7 +20,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N] [--no-verify]\n"
+            "usage: io-worker -m MODEL.gguf [-r RUNID] [--queue-depth N] [--no-verify] [--no-realtime]\n"
             "Reads the model file into the run's weights segment with io_uring (O_DIRECT), serving\n"
             "IoReadBatch requests on the run's \"io\" endpoint; under a memory budget also the plan's bundle\n"
             "file into the neuron cache (BundleLoad from the cpu-workers, docs/offload.md).\n"
@@ -28,6 +29,8 @@ static void usage(FILE *f) {
             "  -q, --queue-depth N    io_uring entries, reads in flight (default: 32 for the model file,\n"
             "                         the plan's times its cpu-workers for the bundle file)\n"
             "      --no-verify        do not check bundles against their checksums as they are read\n"
+            "      --no-realtime      run at normal priority (default: SCHED_FIFO when allowed, so that a\n"
+            "                         layer's reads start the moment they are asked for, docs/offload.md)\n"
             "  -h, --help             this help\n"
             "Environment: PI2_LOG=debug|info|warn|error; PI2_IO_DELAY_US=N pauses N us before each\n"
             "batch (fault-injection aid for tests)\n");
@@ -36,7 +39,7 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model, *runid;
     int queue_depth; /* 0: the defaults */
-    bool no_verify;
+    bool no_verify, no_realtime;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -44,6 +47,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"run", required_argument, 0, 'r'},
                                              {"queue-depth", required_argument, 0, 'q'},
                                              {"no-verify", no_argument, 0, 'V'},
+                                             {"no-realtime", no_argument, 0, 'R'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     *o = (options){.runid = cli_default_runid()};
@@ -54,6 +58,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'r': o->runid = optarg; break;
         case 'q': if (cli_parse_int(optarg, "--queue-depth", 1, 4096, &o->queue_depth)) return -1; break;
         case 'V': o->no_verify = true; break;
+        case 'R': o->no_realtime = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -122,6 +127,9 @@ int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o)) return 2;
     proc_stop_on_signals();
+    char err[512];
+    /* before any thread starts: libzmq's threads inherit the policy */
+    if (!o.no_realtime && realtime_self(err, sizeof err)) log_info("running at normal priority: %s", err);
 
     const char *delay = getenv("PI2_IO_DELAY_US");
     io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0,
@@ -130,7 +138,6 @@ int main(int argc, char **argv) {
         log_error("model %s: %s", o.model, strerror(errno));
         return 1;
     }
-    char err[512];
     w.reader = uring_reader_open(w.model_path, o.queue_depth ? (unsigned)o.queue_depth : 32, err, sizeof err);
     if (!w.reader) { log_error("%s", err); return 1; }
 

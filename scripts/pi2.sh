@@ -86,7 +86,7 @@ need_programs() {
 # stack setting ("ctx=512"); '#' starts a comment. Fills the P_* arrays.
 # ---------------------------------------------------------------------------
 P_NAME=() P_KIND=() P_CPUS=() P_THREADS=()
-CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_SPLIT="" CFG_BUNDLE_CHECKSUMS="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
+CFG_CTX="" CFG_MAX_PREFILL="" CFG_PREFILL_STALL="" CFG_SPLIT="" CFG_BUNDLE_CHECKSUMS="" CFG_REALTIME_IO="" CFG_FFN="" CFG_PREDICTOR="" CFG_SMALL_PAGES="" CFG_PLAN=""
 MEM_NEED="" MEM_LIMIT="" MEM_SOURCE=""  # from cachemgr --check: the segments' bytes, the memory limit
 
 allowed_cpus() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
@@ -157,8 +157,13 @@ parse_config() {
             CFG_BUNDLE_CHECKSUMS=${kind#bundle-checksums=}
             case $CFG_BUNDLE_CHECKSUMS in on | off) ;; *) die "$where: bundle-checksums='$CFG_BUNDLE_CHECKSUMS' is not on or off" ;; esac
             continue ;;
+        realtime-io=*)
+            [ ${#words[@]} -eq 1 ] || die "$where: a stack setting stands alone on its line"
+            CFG_REALTIME_IO=${kind#realtime-io=}
+            case $CFG_REALTIME_IO in on | off) ;; *) die "$where: realtime-io='$CFG_REALTIME_IO' is not on or off" ;; esac
+            continue ;;
         cachemgr | io-worker | coordinator | npu-worker | cpu-worker) ;;
-        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N, prefill-stall=MS, split=auto|even|W0,W1,... or bundle-checksums=on|off)" ;;
+        *) die "$where: unknown process '$kind' (expected cachemgr, io-worker, coordinator, npu-worker, cpu-worker, ctx=N, max-prefill=N, prefill-stall=MS, split=auto|even|W0,W1,..., bundle-checksums=on|off or realtime-io=on|off)" ;;
         esac
         if [ "$kind" != cpu-worker ] && [ -n "${seen[$kind]:-}" ]; then
             die "$where: a second $kind (the first is on line ${seen[$kind]})"
@@ -231,8 +236,8 @@ set_run() {
 
 write_stack_env() {
     {
-        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_SPLIT=%q\nCFG_BUNDLE_CHECKSUMS=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
-            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_SPLIT" "$CFG_BUNDLE_CHECKSUMS" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
+        printf 'MODEL=%q\nCFG_CTX=%q\nCFG_MAX_PREFILL=%q\nCFG_PREFILL_STALL=%q\nCFG_SPLIT=%q\nCFG_BUNDLE_CHECKSUMS=%q\nCFG_REALTIME_IO=%q\nCFG_FFN=%q\nCFG_PREDICTOR=%q\nCFG_SMALL_PAGES=%q\nCFG_PLAN=%q\n' \
+            "$MODEL" "$CFG_CTX" "$CFG_MAX_PREFILL" "$CFG_PREFILL_STALL" "$CFG_SPLIT" "$CFG_BUNDLE_CHECKSUMS" "$CFG_REALTIME_IO" "$CFG_FFN" "$CFG_PREDICTOR" "$CFG_SMALL_PAGES" "$CFG_PLAN"
         printf 'MEM_NEED=%q\nMEM_LIMIT=%q\nMEM_SOURCE=%q\n' "$MEM_NEED" "$MEM_LIMIT" "$MEM_SOURCE"
         declare -p P_NAME P_KIND P_CPUS P_THREADS | sed 's/^declare -a /declare -ga /'
     } >"$RD/stack.env"
@@ -311,6 +316,7 @@ proc_command() { # fills CMD for process i
     io-worker)
         CMD=("$BIN_DIR/io-worker" "${base[@]}")
         if [ "$CFG_BUNDLE_CHECKSUMS" = off ]; then CMD+=(--no-verify); fi
+        if [ "$CFG_REALTIME_IO" = off ]; then CMD+=(--no-realtime); fi
         ;;
     coordinator)
         CMD=("$BIN_DIR/coordinator" "${base[@]}")
@@ -319,7 +325,10 @@ proc_command() { # fills CMD for process i
         if [ -n "$CFG_SPLIT" ]; then CMD+=(--split "$CFG_SPLIT"); fi
         ;;
     npu-worker) CMD=("$BIN_DIR/npu-worker" "${base[@]}" -t "${P_THREADS[$i]}") ;;
-    cpu-worker) CMD=("$BIN_DIR/cpu-worker" "${base[@]}" -i "${P_NAME[$i]#cpu-worker.}" -t "${P_THREADS[$i]}") ;;
+    cpu-worker)
+        CMD=("$BIN_DIR/cpu-worker" "${base[@]}" -i "${P_NAME[$i]#cpu-worker.}" -t "${P_THREADS[$i]}")
+        if [ "$CFG_REALTIME_IO" = off ]; then CMD+=(--no-realtime); fi
+        ;;
     esac
 }
 

@@ -1,18 +1,22 @@
 /* The ZeroMQ bus: run directory safety, endpoint rules, ROUTER/DEALER round
  * trips between processes, size limits, garbage frames, timeouts, EINTR,
- * heartbeats; prints the ipc round-trip latency and the per-message cost of
+ * heartbeats, real-time I/O threads; prints the ipc round-trip latency and the per-message cost of
  * 8 KiB batches (measured, not asserted). Leaves nothing in the run dir. */
 #include "stack/bus.h"
 #include "util/clock.h"
 #include "stack/rundir.h"
+#include "util/realtime.h"
 #include "test.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -480,6 +484,84 @@ static void test_heartbeats(void) {
     bus_ctx_free(ctx);
 }
 
+/* The policies of this process's libzmq I/O threads: how many there are, how many at SCHED_FIFO. */
+static void io_thread_policies(int *n, int *fifo) {
+    *n = *fifo = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (fgets(comm, sizeof comm, f) && !strncmp(comm, "ZMQbg/IO", 8)) {
+            (*n)++;
+            *fifo += realtime_thread_is(atoi(e->d_name));
+        }
+        fclose(f);
+    }
+    closedir(d);
+}
+
+/* A context's threads at SCHED_FIFO once its first socket starts them, never the caller's; without the
+ * permission (or in a process that gave it up) refused with the reason, and the context still works. */
+static void check_realtime_ctx(const char *ep, bool expect_allowed, const char *who) {
+    bus_ctx *ctx = bus_ctx_new();
+    const int rc = bus_ctx_realtime_io(ctx);
+    CHECK((rc == 0) == expect_allowed, "%s: bus_ctx_realtime_io %d: %s", who, rc, rc ? bus_last_error() : "");
+    if (rc) CHECK(strstr(bus_last_error(), "real-time") != NULL, "%s: the refusal says why: %s", who, bus_last_error());
+    bus_socket *s = bus_bind(ctx, BUS_ROUTER, ep, NULL);
+    CHECK(s != NULL, "%s: a socket after the priority was asked for: %s", who, bus_last_error());
+    int n, fifo;
+    io_thread_policies(&n, &fifo);
+    CHECK(n >= 1 && fifo == (expect_allowed ? n : 0), "%s: %d of %d I/O threads at SCHED_FIFO", who, fifo, n);
+    CHECK(!realtime_thread_is(0), "%s: the calling thread keeps its normal priority", who);
+    bus_close(s);
+    bus_ctx_free(ctx);
+}
+
+static void test_realtime_io(void) {
+    char ep[BUS_ENDPOINT_MAX];
+    bus_endpoint_ipc(ep, sizeof ep, run_dir, "io", -1);
+    const bool allowed = realtime_allowed();
+    CHECK(!realtime_thread_is(0), "the permission probe puts the thread's policy back");
+    check_realtime_ctx(ep, allowed, allowed ? "allowed" : "not allowed");
+    bus_ctx *plain = bus_ctx_new();
+    bus_socket *s = bus_bind(plain, BUS_ROUTER, ep, NULL);
+    int n, fifo;
+    io_thread_policies(&n, &fifo);
+    CHECK(s && n >= 1 && fifo == 0, "a context not asked for it: %d of %d I/O threads at SCHED_FIFO", fifo, n);
+    bus_close(s);
+    bus_ctx_free(plain);
+    if (!allowed || geteuid() != 0) {
+        SKIP("a process that gives up its real-time permission (needs root to drop it)");
+        return;
+    }
+    char dir[64], child_ep[BUS_ENDPOINT_MAX];
+    snprintf(dir, sizeof dir, "/tmp/pi2-test-bus-rt-%d", (int)getpid());
+    if (mkdir(dir, 0700) || chown(dir, 65534, 65534)) {
+        CHECK(0, "%s for nobody: %s", dir, strerror(errno));
+        rmdir(dir);
+        return;
+    }
+    bus_endpoint_ipc(child_ep, sizeof child_ep, dir, "io", -1);
+    pid_t pid = fork();
+    if (pid == 0) { /* nobody, with no real-time limit: the permission is gone */
+        const int dropped = setrlimit(RLIMIT_RTPRIO, &(struct rlimit){0, 0}) == 0 && setgid(65534) == 0 &&
+                            setuid(65534) == 0;
+        if (dropped) check_realtime_ctx(child_ep, false, "after setuid(nobody)"); /* closing removes the socket file */
+        else printf("FAIL could not become nobody: %s\n", strerror(errno));
+        fflush(stdout);
+        _exit(!dropped || test_failed ? 1 : 0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a process without the permission: status %d", st);
+    CHECK(rmdir(dir) == 0, "%s left empty: %s", dir, strerror(errno));
+}
+
 int main(void) {
     char run_id[32];
     snprintf(run_id, sizeof run_id, "tbus%d", (int)getpid());
@@ -494,6 +576,7 @@ int main(void) {
     test_garbage();
     test_timeouts_and_signals();
     test_heartbeats();
+    test_realtime_io();
     CHECK(count_entries(run_dir) == 0, "%d files left in %s", count_entries(run_dir), run_dir);
     CHECK(rundir_remove(run_dir) == 0 && access(run_dir, F_OK) != 0, "run dir removed: %s",
           rundir_last_error());

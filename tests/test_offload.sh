@@ -16,6 +16,10 @@
 #     generations, each of which takes them back before its prompt, in its cap
 #     without anything killed for memory; a prompt of several steps reads them
 #     back once, after its last, and gives the unbudgeted text;
+#   - priority: under a budget the io-worker's threads and the one thread of
+#     each cpu-worker that carries its bundle requests run at SCHED_FIFO (when
+#     root), no computing thread does; with realtime-io=off in the config none
+#     does, and the text is the same;
 #   - asking ahead: under a budget some reads are asked for before the
 #     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
@@ -99,6 +103,32 @@ cache_stats() {
     check "$what: pi2 status shows $( ((reads && ahead)) && echo "reads asked for ahead" || echo "no read asked for ahead")" $?
 }
 
+policies() { # policies PROC RUN: the scheduling policy of each of PROC's threads, "comm policy" a line
+    local pid t
+    pid=$(cat "$("$PI2" rundir -r "$2")/$1.pid")
+    for t in /proc/"$pid"/task/*; do
+        echo "$(cat "$t/comm") $(chrt -p "${t##*/}" | sed -n '1s/.*: //p')"
+    done
+}
+# check_priorities RUN ON: with ON=1 the io-worker's threads at SCHED_FIFO and, in each cpu-worker, some
+# thread (libzmq's, for the io-worker's link) but not the computing ones; with ON=0 no thread of either
+check_priorities() {
+    local run=$1 on=$2 w ok=1
+    if ((on)); then
+        policies io-worker "$run" | awk '$NF != "SCHED_FIFO" { bad = 1 } END { exit bad || NR == 0 }' || ok=0
+        for w in 0 1; do
+            policies "cpu-worker.$w" "$run" | awk '/^cpu-worker/ && $NF == "SCHED_FIFO" { bad = 1 } $NF == "SCHED_FIFO" { rt++ }
+                END { exit bad || !rt }' || ok=0
+        done
+        check "$run: the io-worker's threads and each cpu-worker's link to it at SCHED_FIFO, no computing thread" $((!ok))
+    else
+        for w in io-worker cpu-worker.0 cpu-worker.1; do
+            ! policies "$w" "$run" | grep -q SCHED_FIFO || ok=0
+        done
+        check "$run: realtime-io=off: no thread of the io-worker or the cpu-workers at SCHED_FIFO" $((!ok))
+    fi
+}
+
 budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
     local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg=""
     "$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$MODEL" --mem-budget "${mib}M" \
@@ -117,6 +147,9 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
     check "at $pct % of the file the text equals the unbudgeted run's" $?
     cache_stats "$pct" "$run"
+    if [ "$pct" = 100 ]; then
+        if [ "$(id -u)" = 0 ]; then check_priorities "$run" 1; else skip "real-time priority of the stack's I/O threads (needs root)"; fi
+    fi
     if [ "$pct" != 100 ]; then
         grep -q "lent bundles read back" "$("$PI2" rundir -r "$run")/logs/npu-worker.log"
         check "at $pct %: after the prompt the npu-worker reads the lent bundles into its prompt memory" $?
@@ -159,6 +192,17 @@ variant_down() {
 at_60_with PI2_PREFETCH=0 "without asking ahead" noahead
 cache_stats 60 "$VARIANT_RUN" noahead
 variant_down
+
+# realtime-io=off: every thread at normal priority; the same text
+{ cat "$TMP/off.conf"; echo realtime-io=off; } >"$TMP/off-nort.conf"
+new_run NORT_RUN
+"$PI2" up -r "$NORT_RUN" -c "$TMP/off-nort.conf" -m "$MODEL" --plan "$TMP/plan-60" >/dev/null 2>&1
+check "pi2 up --plan at 60 % with realtime-io=off" $?
+generate "$NORT_RUN" "$TMP/out-60-nort.txt"
+cmp -s "$TMP/ref.txt" "$TMP/out-60-nort.txt"
+check "at 60 % with realtime-io=off the text equals the unbudgeted run's" $?
+check_priorities "$NORT_RUN" 0
+"$PI2" down -r "$NORT_RUN" >/dev/null 2>&1
 
 # PI2_LEND=0: the lent bundles stay out, so decode hits less; the same text
 at_60_with PI2_LEND=0 "without lending" nolend

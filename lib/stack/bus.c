@@ -2,8 +2,10 @@
 
 #include "util/clock.h"
 #include "stack/rundir.h"
+#include "util/realtime.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +73,21 @@ bus_ctx *bus_ctx_new(void) {
     /* Non-blocky: terminating the context never waits for unsent messages. */
     zmq_ctx_set(c->zmq, ZMQ_BLOCKY, 0);
     return c;
+}
+
+int bus_ctx_realtime_io(bus_ctx *c) {
+    /* libzmq aborts when a thread it starts cannot take the policy it was given: ask first */
+    if (!realtime_allowed()) {
+        set_err("this process may not use real-time priority (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= %d)",
+                REALTIME_PRIORITY);
+        return -1;
+    }
+    if (zmq_ctx_set(c->zmq, ZMQ_THREAD_SCHED_POLICY, SCHED_FIFO) ||
+        zmq_ctx_set(c->zmq, ZMQ_THREAD_PRIORITY, REALTIME_PRIORITY)) {
+        set_err("zmq_ctx_set: %s", zmq_strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 void bus_ctx_free(bus_ctx *c) {

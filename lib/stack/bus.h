@@ -63,6 +63,12 @@ struct bus_opts bus_default_opts(void);
 /* One per process, created after any fork(). */
 bus_ctx *bus_ctx_new(void);
 void bus_ctx_free(bus_ctx *ctx);
+/* The context's background threads (libzmq's I/O thread, which moves every
+ * message, and its reaper) at SCHED_FIFO (util/realtime.h), for a link whose
+ * messages must not wait behind a computing thread on the same core. Before
+ * the context's first socket. 0, or -1 (bus_last_error) when the process may
+ * not use real-time priority: the threads then run at normal priority. */
+int bus_ctx_realtime_io(bus_ctx *ctx);
 
 /* "ipc://<rundir>/<kind>-<index>.sock" (index < 0: "<kind>.sock"); fails if
  * the path would not fit a unix socket address. */

@@ -11,8 +11,10 @@ int worker_args_parse(int argc, char **argv, worker_args *a, int default_threads
                       void (*usage)(FILE *f)) {
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'}, {"run", required_argument, 0, 'r'},
                                              {"index", required_argument, 0, 'i'}, {"threads", required_argument, 0, 't'},
-                                             {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-    *a = (worker_args){.runid = cli_default_runid(), .index = -1, .n_threads = default_threads};
+                                             {"no-realtime", no_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    *a = (worker_args){.runid = cli_default_runid(), .index = -1, .n_threads = default_threads,
+                       .realtime_io = max_index >= 0};
     const char *shortopts = max_index >= 0 ? "m:r:i:t:h" : "m:r:t:h";
     int c;
     while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
@@ -24,6 +26,10 @@ int worker_args_parse(int argc, char **argv, worker_args *a, int default_threads
             if (cli_parse_int(optarg, "-i", 0, max_index, &a->index)) return -1;
             break;
         case 't': if (cli_parse_int(optarg, "-t", 1, 256, &a->n_threads)) return -1; break;
+        case 'R':
+            if (max_index < 0) { log_error("this worker takes no --no-realtime"); usage(stderr); return -1; }
+            a->realtime_io = false;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

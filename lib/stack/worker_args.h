@@ -4,6 +4,7 @@
 #ifndef PI2_WORKER_ARGS_H
 #define PI2_WORKER_ARGS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 typedef struct {
@@ -11,10 +12,11 @@ typedef struct {
     int index;            /* -i; -1 for a worker that takes none */
     int n_threads;
     long task_delay_us;   /* PI2_TASK_DELAY_US: sleep this long before each task */
+    bool realtime_io;     /* cpu-workers: the link to the io-worker at real-time priority (--no-realtime: not) */
 } worker_args;
 
 /* Parses argv into a. max_index >= 0 makes -i INDEX in [0, max_index]
- * required; max_index < 0 refuses -i. -h prints usage to stdout and exits 0.
+ * required and takes --no-realtime; max_index < 0 refuses both. -h prints usage to stdout and exits 0.
  * Returns 0, or -1 after logging why (and printing usage to stderr). */
 int worker_args_parse(int argc, char **argv, worker_args *a, int default_threads, int max_index,
                       void (*usage)(FILE *f));
