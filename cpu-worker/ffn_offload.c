@@ -163,7 +163,8 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         log_error("connecting to the io-worker: %s", bus_last_error());
         goto fail;
     }
-    if (realtime_io && bus_ctx_realtime_io(o->ctx)) log_info("the link to the io-worker at normal priority: %s", bus_last_error());
+    if (realtime_io && bus_ctx_realtime_io(o->ctx))
+        log_info("the link to the io-worker at normal priority: %s", bus_last_error());
     if (!(o->sock = bus_connect(o->ctx, BUS_DEALER, endpoint, name, &opts))) {
         log_error("connecting to the io-worker: %s", bus_last_error());
         goto fail;

@@ -1,5 +1,5 @@
 /* The command line of the stack's workers: -m MODEL, -r RUNID, -t THREADS,
- * -i INDEX (cpu-workers only), and the PI2_TASK_DELAY_US fault-injection
+ * -i INDEX and --no-realtime (cpu-workers only), and the PI2_TASK_DELAY_US fault-injection
  * aid. Shared by cpu-worker and npu-worker. */
 #ifndef PI2_WORKER_ARGS_H
 #define PI2_WORKER_ARGS_H
