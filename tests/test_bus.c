@@ -1,7 +1,8 @@
 /* The ZeroMQ bus: run directory safety, endpoint rules, ROUTER/DEALER round
  * trips between processes, size limits, garbage frames, timeouts, EINTR,
- * heartbeats, real-time I/O threads; prints the ipc round-trip latency and the per-message cost of
- * 8 KiB batches (measured, not asserted). Leaves nothing in the run dir. */
+ * heartbeats, real-time I/O threads; prints the ipc round-trip latency and
+ * the per-message cost of 8 KiB batches (measured, not asserted). Leaves
+ * nothing in the run dir. */
 #include "stack/bus.h"
 #include "util/clock.h"
 #include "stack/rundir.h"
@@ -512,7 +513,8 @@ static bool io_threads_after_a_message(bus_ctx *ctx, const char *ep, int *n, int
     bus_socket *router = bus_bind(ctx, BUS_ROUTER, ep, NULL);
     bus_socket *dealer = router ? bus_connect(ctx, BUS_DEALER, ep, "t", NULL) : NULL;
     struct bus_msg m;
-    const bool passed = dealer && bus_send(dealer, MSG_HELLO, "hi", 2) == BUS_OK && bus_recv(router, &m, 10000) == BUS_OK;
+    const bool passed =
+        dealer && bus_send(dealer, MSG_HELLO, "hi", 2) == BUS_OK && bus_recv(router, &m, 10000) == BUS_OK;
     io_thread_policies(n, fifo);
     bus_close(dealer);
     bus_close(router);

@@ -147,12 +147,13 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     cmp -s "$TMP/ref.txt" "$TMP/out-$pct.txt"
     check "at $pct % of the file the text equals the unbudgeted run's" $?
     cache_stats "$pct" "$run"
-    if [ "$pct" = 100 ]; then
-        if [ "$(id -u)" = 0 ]; then check_priorities "$run" 1; else skip "real-time priority of the stack's I/O threads (needs root)"; fi
-    fi
     if [ "$pct" != 100 ]; then
         grep -q "lent bundles read back" "$("$PI2" rundir -r "$run")/logs/npu-worker.log"
         check "at $pct %: after the prompt the npu-worker reads the lent bundles into its prompt memory" $?
+    elif [ "$(id -u)" = 0 ]; then
+        check_priorities "$run" 1
+    else
+        skip "real-time priority of the stack's I/O threads (needs root)"
     fi
     "$PI2" status -r "$run" | awk '$1 ~ /^(cachemgr|io-worker|coordinator|npu-worker|cpu-worker)/ && NF == 5 { r += $5 } END { exit r != 0 }'
     check "at $pct %: no process restarted" $?

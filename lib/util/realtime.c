@@ -1,7 +1,6 @@
 /* Real-time scheduling (realtime.h). */
 #include "util/realtime.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
