@@ -138,13 +138,13 @@ typedef struct {
     const volatile sig_atomic_t *stop;
 } coord;
 
-/* segments.c: waits for cachemgr's segments and the weights (lib/stack_attach), loads the tokenizer. */
+/* segments.c: waits for cachemgr's segments and the weights (lib/stack/stack_attach.h), loads the tokenizer. */
 int coord_attach(coord *c);
 /* c->chunk_ranges for the split's cuts now, if they moved and the chunks follow the split. */
 void coord_chunk_ranges_update(coord *c);
 void coord_detach(coord *c);
 
-/* bus.c (the event pump): waits up to timeout_ms for messages on both sockets and handles them. */
+/* events.c (the event pump): waits up to timeout_ms for messages on both sockets and handles them. */
 int coord_open_bus(coord *c);
 void coord_close_bus(coord *c);
 void coord_pump(coord *c, int timeout_ms);

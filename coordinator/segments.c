@@ -1,4 +1,4 @@
-/* The coordinator's view of the stack: lib/stack_attach's (segments, model
+/* The coordinator's view of the stack: lib/stack/stack_attach.h's (segments, model
  * rebased into the weights, our ctl row claimed while the weights load) plus
  * the tokenizer and the limits of the workers' messages. */
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* What the planner needs from a stack config (docs/supervisor.md: one
+/* What the planner needs from a stack config (README.md, "Stack config": one
  * process per line, "NAME cpus=LIST [threads=N]"): how many processes, the
  * cpu-workers and their threads, and the workers' lines for the plan's
  * placement. */

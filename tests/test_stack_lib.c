@@ -1,4 +1,4 @@
-/* lib/stack.c: the activation layout, KV and weight region sizes, rebasing a
+/* lib/stack/stack.c: the activation layout, KV and weight region sizes, rebasing a
  * model into a segment image, the decode work split, the control block and
  * the cross-process barrier. Expected values come from the oracle README,
  * the file's size (stat) and the model file's own bytes, not from stack.c. */

@@ -29,7 +29,7 @@ enum shm_kind {
     SHM_KIND_KV = 3,
     SHM_KIND_SLOTS = 4,
     SHM_KIND_TEST = 5,
-    SHM_KIND_CONTROL = 6,  /* the stack's control block (lib/stack.h) */
+    SHM_KIND_CONTROL = 6,  /* the stack's control block (lib/stack/stack.h) */
 };
 
 /* Region alignments allowed: cache lines, or pages for O_DIRECT targets. */
