@@ -1,7 +1,7 @@
 # pi2 — build everything into build/.
 #   make          build libraries, tools and tests
 #   make test     run the test suite (ends with "N passed, N failed, N skipped")
-#   make asan     the test suite under AddressSanitizer + UBSan (in build-asan/)
+#   make asan     the test suite under AddressSanitizer + UBSan, debug assertions on (in build-asan/)
 #   make fuzz     libFuzzer on every decoder of outside bytes, FUZZ_SECONDS each (clang, build-fuzz/)
 #   make demo     tell a story with the built-in stories260K model
 #   make deps     install the Debian packages the project needs (apt-get, root)
@@ -13,6 +13,8 @@ CC       ?= gcc
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -Ilib -MMD -MP $(SAN)
+# DEBUG_ASSERTS=1 (make asan): the hot-path bounds of PI2_DEBUG_ASSERT (lib/util/pi2_assert.h) are checked
+CFLAGS   += $(if $(DEBUG_ASSERTS),-DPI2_DEBUG_ASSERTS)
 LDFLAGS  += -pthread $(SAN)
 LDLIBS   += -lzmq -lprotobuf-c -luring -lm
 CFLAGS   += -I$(BUILD)/proto
@@ -165,7 +167,7 @@ test: all
 # under the sanitizers a test runs 2-3x slower: its time limit (tests/run.sh) is 1800 s, not 1200
 # (test_offload.sh took 17 minutes under them on a 2-vCPU Intel Xeon)
 asan:
-	@PI2_TEST_TIMEOUT=$${PI2_TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	@PI2_TEST_TIMEOUT=$${PI2_TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 DEBUG_ASSERTS=1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
 # libFuzzer harnesses (tests/fuzz/), each run for FUZZ_SECONDS (clang, into build-fuzz/)

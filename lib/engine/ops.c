@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gguf/f16.h"
+#include "util/pi2_assert.h"
 
 void act_convert_for(const kernels *k, act_vec *a, const float *x, int n, const weight *const *ws, int nw) {
     bool f16 = false, q8 = false;
@@ -26,7 +27,7 @@ float row_dot(const kernels *k, const weight *w, int64_t r, const act_vec *in) {
     case GGML_TYPE_Q8_0: return k->dot_q8_0(row, in->q8, n);
     case GGML_TYPE_Q4_0: return k->dot_q4_0(row, in->q8, n);
     }
-    abort(); /* model_load admits only the four types */
+    PI2_ASSERT(0, "weight type %d: model_load admits only F32, F16, Q8_0 and Q4_0", (int)w->type);
 }
 
 /* out[i] = W[r0 + i] . in for i < r1 - r0; Q4_0 (and, where the set has
@@ -109,6 +110,7 @@ static void kv_store_column(const kernels *k, const kv_layer *kv, int pos, const
 }
 
 void kv_store(const kernels *k, const kv_layer *kv, int pos, const float *kvec, const float *vvec) {
+    PI2_DEBUG_ASSERT(pos >= 0 && pos < kv->n_ctx, "KV position %d outside the cache's %d", pos, kv->n_ctx);
     kv_store_keys(k, kv, pos, kvec);
     kv_store_column(k, kv, pos, vvec);
 }

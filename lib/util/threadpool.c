@@ -5,8 +5,10 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util/cpu_relax.h"
+#include "util/pi2_assert.h"
 
 /* Spin this many cpu_relax iterations (tens of microseconds) before sleeping or
  * yielding: long enough to bridge the serial work between two jobs of a
@@ -68,10 +70,11 @@ threadpool *pool_new(int n_threads) {
     pthread_cond_init(&p->wake, NULL);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *arg = malloc(sizeof *arg);
-        if (!arg) abort();
+        PI2_ASSERT(arg, "out of memory starting thread %d of a pool of %d", i, n_threads);
         arg->p = p;
         arg->ith = i;
-        if (pthread_create(&p->threads[i], NULL, worker_main, arg) != 0) abort();
+        const int rc = pthread_create(&p->threads[i], NULL, worker_main, arg);
+        PI2_ASSERT(rc == 0, "starting thread %d of a pool of %d: %s", i, n_threads, strerror(rc));
     }
     return p;
 }
