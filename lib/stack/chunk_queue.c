@@ -17,10 +17,13 @@ chunk_queue *chunk_queue_at(void *base, int capacity, int i) {
 /* The entries are written before the cursor that makes them visible (release). */
 void chunk_queue_publish(chunk_queue *q, uint32_t tag, const int32_t *chunks, int n) {
     for (int i = 0; i < n; i++) q->chunks[i] = chunks[i];
+    /* release: the chunk ids above are seen by whoever reads this cursor with acquire (take, steal) */
     atomic_store_explicit(&q->cursor, CURSOR(tag, 0, n), memory_order_release);
 }
 
 int chunk_queue_take(chunk_queue *q, uint32_t tag, int divisor, const int32_t **taken) {
+    /* acquire: pairs with chunk_queue_publish's release (the ids); the CAS's acq_rel orders takers and
+     * stealers among themselves */
     uint64_t c = atomic_load_explicit(&q->cursor, memory_order_acquire), next;
     int front, k;
     do {
@@ -39,6 +42,7 @@ int chunk_queue_take(chunk_queue *q, uint32_t tag, int divisor, const int32_t **
  * cannot republish (it would have to pass a barrier this thread has not
  * reached), and a failed CAS discards the read. */
 int chunk_queue_steal(chunk_queue *q, uint32_t tag, int32_t *chunk) {
+    /* acquire: pairs with chunk_queue_publish's release, so chunks[back - 1] below is the published id */
     uint64_t c = atomic_load_explicit(&q->cursor, memory_order_acquire);
     for (;;) {
         if (C_TAG(c) != tag) return -1;

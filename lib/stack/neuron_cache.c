@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "util/log.h"
+#include "util/pi2_assert.h"
 
 enum { EMPTY = 0, LOADING = 1, READY = 2 };
 
@@ -168,13 +169,19 @@ const uint8_t *ncache_pin(ncache *c, uint32_t layer, uint32_t expert, uint32_t b
     ref->slot = -1;
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return NULL;
     const uint64_t key = key_of(layer, expert, bundle);
+    /* acquire: pairs with ncache_publish's release of the index entry. The entry is another process's
+     * word: a slot number outside the table is no slot. */
     const int32_t slot = atomic_load_explicit(&c->index[index_of(s, key)], memory_order_acquire);
-    if (slot >= 0) {
+    if (slot >= 0 && (uint32_t)slot < s->n_slots) {
         slot_meta *m = &c->slots[slot];
         uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
         while (state_of(w) == READY && pins_of(w) < PIN_MASK) {
+            /* acq_rel: acquire the bundle's bytes that publish released with READY; release the pin to
+             * claim's acquire load, which then leaves the slot alone */
             if (atomic_compare_exchange_weak_explicit(&m->word, &w, w + 1, memory_order_acq_rel,
                                                       memory_order_acquire)) {
+                /* claim writes a new key only after winning the word with no pins: the key seen after
+                 * our pin is the bundle the slot holds */
                 if (atomic_load_explicit(&m->key, memory_order_acquire) == key) {
                     atomic_store_explicit(&m->referenced, 1, memory_order_relaxed);
                     atomic_fetch_add_explicit(&c->h->hits, 1, memory_order_relaxed);
@@ -195,11 +202,14 @@ bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t 
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return false;
     const uint64_t key = key_of(layer, expert, bundle);
     const int32_t slot = atomic_load_explicit(&c->index[index_of(s, key)], memory_order_acquire);
-    return slot >= 0 && atomic_load_explicit(&c->slots[slot].key, memory_order_acquire) == key &&
+    return slot >= 0 && (uint32_t)slot < s->n_slots && atomic_load_explicit(&c->slots[slot].key, memory_order_acquire) == key &&
            state_of(atomic_load_explicit(&c->slots[slot].word, memory_order_acquire)) == READY;
 }
 
 void ncache_unpin(ncache *c, const ncache_ref *ref) {
+    PI2_DEBUG_ASSERT(ref->slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)ref->slot,
+                     (unsigned long long)c->shape.n_slots);
+    /* release: this reader's loads of the slot's bytes are done before claim's acquire sees the pin go */
     if (ref->slot >= 0) atomic_fetch_sub_explicit(&c->slots[ref->slot].word, 1, memory_order_release);
 }
 
@@ -215,6 +225,8 @@ int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle
         uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
         if (pins_of(w) || state_of(w) == LOADING) continue;
         if (atomic_exchange_explicit(&m->referenced, 0, memory_order_relaxed)) continue;
+        /* acq_rel: acquire every unpin's release (no reader is still in the bytes we are about to
+         * overwrite); the new generation tells a reader that held the old one that the slot moved on */
         if (!atomic_compare_exchange_strong_explicit(&m->word, &w, word_of(gen_of(w) + 1, LOADING, 0),
                                                      memory_order_acq_rel, memory_order_acquire))
             continue; /* pinned meanwhile */
@@ -233,12 +245,16 @@ int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle
 }
 
 void ncache_publish(ncache *c, int64_t slot) {
+    PI2_DEBUG_ASSERT(slot >= 0 && slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)slot,
+                     (unsigned long long)c->shape.n_slots);
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
     if (state_of(w) != LOADING) { /* not claimed: publishing would zero live pins */
         log_error("neuron cache: slot %lld published while not loading", (long long)slot);
         return;
     }
+    /* release: the bundle's bytes (read into the slot before this call) and the key claim stored go
+     * with READY to pin's acquire; then the index entry, released likewise, makes the slot findable */
     atomic_store_explicit(&m->word, word_of(gen_of(w), READY, 0), memory_order_release);
     const uint64_t key = atomic_load_explicit(&m->key, memory_order_relaxed);
     atomic_store_explicit(&c->index[index_of(&c->shape, key)], (int32_t)slot, memory_order_release);

@@ -157,6 +157,8 @@ int ctl_barrier_wait(stack_ctl *c, uint32_t epoch, int n, int timeout_ms) {
     uint32_t phase = B_PHASE(w);
     int64_t deadline = clock_ms() + timeout_ms;
     for (unsigned i = 0;; i++) {
+        /* acquire: pairs with the last arrival's seq_cst compare-exchange that moved the phase on, so
+         * every row the other workers wrote before arriving is seen here */
         uint64_t cur = atomic_load_explicit(&c->barrier, memory_order_acquire);
         if (B_EPOCH(cur) != epoch) return -1;
         if (B_PHASE(cur) != phase) return 0;
@@ -171,6 +173,7 @@ void ctl_wait_step(unsigned i) {
 }
 
 uint32_t ctl_barrier_tag(const stack_ctl *c) {
+    /* acquire, as ctl_barrier_wait's: a tag read after the barrier comes with what it published */
     uint64_t w = atomic_load_explicit(&c->barrier, memory_order_acquire);
     return (B_EPOCH(w) << 16) | B_PHASE(w);
 }

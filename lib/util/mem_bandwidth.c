@@ -33,6 +33,7 @@ static void sum_share(void *ctx, int ith, int nth) {
     const span *s = ctx;
     long begin, end;
     pool_split((long)(s->bytes / 64), ith, nth, &begin, &end);
+    /* relaxed: a sink that keeps the sums (and so the reads) from being dropped; it orders nothing */
     atomic_fetch_add_explicit(&memory_sink, sum_words(s->buf + (size_t)begin * 64, (size_t)(end - begin) * 64),
                               memory_order_relaxed);
 }

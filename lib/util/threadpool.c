@@ -32,6 +32,7 @@ typedef struct { threadpool *p; int ith; } worker_arg;
 
 static unsigned wait_for_job(threadpool *p, unsigned seen) {
     for (int i = 0; i < SPIN_ITERS; i++) {
+        /* acquire: pairs with publish()'s release, so p->fn and p->ctx of the new job are seen */
         unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (g != seen) return g;
         cpu_relax();
@@ -55,6 +56,7 @@ static void *worker_main(void *argp) {
         seen = wait_for_job(p, seen);
         if (atomic_load(&p->stop)) return NULL;
         p->fn(p->ctx, ith, p->n);
+        /* release: publishes what fn wrote to pool_run's acquire load of pending */
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
 }
@@ -81,6 +83,7 @@ threadpool *pool_new(int n_threads) {
 
 static void publish(threadpool *p) {
     pthread_mutex_lock(&p->mu); /* pairs with the sleepers' check-then-wait */
+    /* release: the job (fn, ctx, pending) written before it is seen by wait_for_job's acquire load */
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleepers)) pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
@@ -93,6 +96,7 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx) {
     atomic_store(&p->pending, p->n - 1);
     publish(p);
     fn(ctx, 0, p->n);
+    /* acquire: pairs with each worker's release decrement, so their results are seen once pending is 0 */
     for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
         if (i < SPIN_ITERS) cpu_relax();
         else sched_yield(); /* a worker was descheduled: give it the core */
