@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "cachemgr.h"
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/log.h"
 #include "engine/predictor.h"
 #include "stack/rundir.h"
 
 #define BEAT_MS 100
-#define EXIT_CONFIG 78 /* sysexits.h EX_CONFIG: the supervisor does not restart a process that says this */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -206,7 +206,7 @@ static int start(cachemgr *c) {
 int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
-    if (parse_args(argc, argv, &o)) return 2;
+    if (parse_args(argc, argv, &o)) return PI2_EXIT_USAGE;
     proc_stop_on_signals();
 
     cachemgr c = {.runid = o.runid, .io_timeout_ms = o.io_timeout_ms, .small_pages = o.small_pages};
@@ -221,12 +221,12 @@ int main(int argc, char **argv) {
     }
     if (o.plan && open_plan(&o, &c)) {
         model_free(&c.m);
-        return EXIT_CONFIG;
+        return PI2_EXIT_CONFIG;
     }
     int n_ctx = o.n_ctx ? o.n_ctx : (c.m.n_ctx_train > 0 && c.m.n_ctx_train < 2048 ? c.m.n_ctx_train : 2048);
     if (!o.max_prefill) o.max_prefill = STACK_DEFAULT_MAX_PREFILL;
     c.params = (stack_params){.n_ctx = n_ctx, .n_cpu_workers = o.cpu_workers, .max_prefill = o.max_prefill};
-    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? EXIT_CONFIG : o.check ? cm_preflight(&c) : start(&c);
+    int status = resolve_ffn(&o, &c, &c.params.ffn_mode) ? PI2_EXIT_CONFIG : o.check ? cm_preflight(&c) : start(&c);
     cm_beat(&c, PROC_DEAD);
     cm_close_segments(&c);
     offload_close(&c.off);

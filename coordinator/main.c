@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/cli.h"
 #include "coord.h"
-#include "util/log.h"
+#include "stack/exit_codes.h"
 #include "stack/proc_stop.h"
+#include "util/cli.h"
+#include "util/log.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -66,7 +67,7 @@ static int parse_args(int argc, char **argv, coord_options *o) {
 int main(int argc, char **argv) {
     log_init(argv[0]);
     static coord c;
-    if (parse_args(argc, argv, &c.opt)) return 2;
+    if (parse_args(argc, argv, &c.opt)) return PI2_EXIT_USAGE;
     /* cachemgr records the canonical path in the control block */
     static char model_real[PATH_MAX];
     if (!realpath(c.opt.model_path, model_real)) {

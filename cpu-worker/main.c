@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/clock.h"
 #include "decode.h"
@@ -178,7 +179,7 @@ static void run_task(void *ctx, const Pi2__Envelope *req) {
 int main(int argc, char **argv) {
     log_init(argv[0]);
     worker_args o;
-    if (worker_args_parse(argc, argv, &o, 1, STACK_MAX_CPU_WORKERS - 1, usage)) return 2;
+    if (worker_args_parse(argc, argv, &o, 1, STACK_MAX_CPU_WORKERS - 1, usage)) return PI2_EXIT_USAGE;
     proc_stop_on_signals();
     stack_view sv;
     stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop,

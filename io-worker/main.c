@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "io_worker.h"
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -125,7 +126,7 @@ static int serve(io_worker *w) {
 int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
-    if (parse_args(argc, argv, &o)) return 2;
+    if (parse_args(argc, argv, &o)) return PI2_EXIT_USAGE;
     proc_stop_on_signals();
     char err[512];
     /* before any thread starts: libzmq's threads inherit the policy */

@@ -15,6 +15,7 @@
 #include "plan/plan_file.h"
 #include "plan_build.h"
 #include "plan_report.h"
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/log.h"
 #include "util/mem_limit.h"
@@ -149,6 +150,6 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "show") == 0) return show(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "plan") == 0) argc--, argv++;
     plan_options o = {.tokens = 1024, .ctx = 1024, .threads = 2};
-    if (parse_args(&o, argc, argv)) return 2;
+    if (parse_args(&o, argc, argv)) return PI2_EXIT_USAGE;
     return plan_run(&o) ? 1 : 0;
 }

@@ -19,14 +19,14 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 BIN_DIR=$(dirname "$SELF")
 STACK_PROGRAMS=(cachemgr io-worker coordinator npu-worker cpu-worker pi2-ctl pi2-client)
 STOP_GRACE_S=${PI2_STOP_GRACE_S:-5}    # SIGTERM to SIGKILL
-MAX_CPU_WORKERS=16                     # STACK_MAX_CPU_WORKERS in lib/stack/stack.h
+MAX_CPU_WORKERS=16                     # STACK_MAX_CPU_WORKERS in lib/stack/stack.h (tests/test_shared_constants.sh)
 LONG_LIVED_MS=5000                     # a process that ran this long before dying is not crash-looping
 EARLY_DEATH_MS=60000                   # a death this soon after the start counts towards a crash loop ...
 CRASH_LOOP_DEATHS=3                    # ... and this many in a row by the same signal stop the stack
 MAX_BACKOFF_MS=5000
 STALL_RESTART_MS=$((${PI2_STALL_S:-10} * 1000)) # a coordinator, cachemgr or io-worker not beating this long is restarted
 LOG_CAP_BYTES=$((${PI2_LOG_CAP_KB:-16384} << 10)) # a log past this is moved to NAME.log.1 (one kept)
-EXIT_USAGE=2                           # a process's exit status for bad arguments (every program)
+EXIT_USAGE=2                           # lib/stack/exit_codes.h: a process's exit status for bad arguments (every program)
 EXIT_CONFIG=78                         # ... for a configuration it cannot run (sysexits.h EX_CONFIG)
 
 usage() {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "stack/bus.h"
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/clock.h"
 #include "engine/ffn_chunks.h"
@@ -305,7 +306,7 @@ static int receive(bus_socket *s, const options *o, const proc_row *coordinator,
 int main(int argc, char **argv) {
     log_init(argv[0]);
     options o;
-    if (parse_args(argc, argv, &o)) return 2;
+    if (parse_args(argc, argv, &o)) return PI2_EXIT_USAGE;
     char ep[BUS_ENDPOINT_MAX], identity[32];
     if (find_endpoint(&o, ep, sizeof ep)) return 1;
     snprintf(identity, sizeof identity, "client-%d", (int)getpid());

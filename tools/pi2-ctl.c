@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -307,20 +308,20 @@ int main(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "r:t:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'r': runid = optarg; break;
-        case 't': if (cli_parse_double(optarg, "--timeout", 0, 1e7, &timeout_s)) return 2; break;
+        case 't': if (cli_parse_double(optarg, "--timeout", 0, 1e7, &timeout_s)) return PI2_EXIT_USAGE; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: usage(stderr); return PI2_EXIT_USAGE;
         }
     }
     if (optind != argc - 1) {
         log_error(optind == argc ? "no command given" : "one command expected");
         usage(stderr);
-        return 2;
+        return PI2_EXIT_USAGE;
     }
     char probe[SHM_NAME_MAX];
     if (shm_make_name(probe, sizeof probe, runid, STACK_SEG_CTL)) {
         log_error("%s", shm_last_error());
-        return 2;
+        return PI2_EXIT_USAGE;
     }
     const char *cmd = argv[optind];
     if (!strcmp(cmd, "status")) return cmd_status(runid);
@@ -328,5 +329,5 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "wait-ready")) return cmd_wait_ready(runid, timeout_s);
     log_error("unknown command '%s'", cmd);
     usage(stderr);
-    return 2;
+    return PI2_EXIT_USAGE;
 }
