@@ -293,8 +293,10 @@ static int step_ffn_chunks(decoder *d, const decode_step *s) {
     const layer_weights *w = &m->layers[l];
     rmsnorm(d->xb, d->x_mid, w->ffn_norm, m->n_embd, m->rms_eps);
     convert(d, d->xb, m->n_embd, &w->gate, &w->up, NULL);
-    chunks_job j = {d, {m, d->k, d->gather, d->axpy, l, s->mode, &d->in, &w->down_t, 0, NULL, d->pred, &d->pred_conv, NULL},
-                    0, s->epoch};
+    chunks_job j = {.d = d,
+                    .f = {.m = m, .k = d->k, .gather = d->gather, .axpy = d->axpy, .layer = l, .mode = s->mode,
+                          .in = &d->in, .down_t = &w->down_t, .pred = d->pred, .pred_hidden = &d->pred_conv},
+                    .epoch = s->epoch};
     if (d->down_t) j.f.down_t_chunks = &d->down_t[(size_t)l * d->n_chunks];
     if (s->mode == FFN_PREDICTOR && share_predictor_hidden(d, s)) return -1;
     if (d->offload)

@@ -258,7 +258,9 @@ static void attention_block(engine *e, int l, int pos) {
 static void ffn_chunked(engine *e, int l) {
     const model *m = e->m;
     ffn_mode mode = e->ffn_mode;
-    chunks_job j = {e, {m, e->k, e->gather, e->axpy, l, mode, &e->in, NULL, 0, NULL, e->pred, &e->pred_conv, NULL}, 0};
+    chunks_job j = {.e = e,
+                    .f = {.m = m, .k = e->k, .gather = e->gather, .axpy = e->axpy, .layer = l, .mode = mode,
+                          .in = &e->in, .pred = e->pred, .pred_hidden = &e->pred_conv}};
     j.f.down_t = e->down_t ? &e->down_t[l] : &m->layers[l].down_t;
     if (mode == FFN_PREDICTOR) {
         predictor_prepare(e->pred, l, e->x, e->xb, e->pred_hidden, &e->pred_conv);
