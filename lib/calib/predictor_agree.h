@@ -1,6 +1,9 @@
 /* How far a predictor-mode engine's output strays from the dense engine's:
  * the same prompts through both, side by side (greedy-token agreement
- * with dense, next to predictor_eval's recall and precision). */
+ * with dense, next to predictor_eval's recall and precision).
+ *
+ * Errors: predictor_agree returns -1 with a message in err (errlen bytes); an
+ * empty or overlong prompt is skipped with a warning (log_warn). */
 #ifndef PI2_PREDICTOR_AGREE_H
 #define PI2_PREDICTOR_AGREE_H
 

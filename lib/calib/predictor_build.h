@@ -1,7 +1,12 @@
 /* Predictors offline: run calibration prompts through the reference engine,
  * build a lowrank predictor from a model's weights (pi2-predictor build), and
  * score a predictor against the true firing (pi2-predictor eval). The run-time
- * side, loading and evaluating a predictor in decode, is engine/predictor.h. */
+ * side, loading and evaluating a predictor in decode, is engine/predictor.h.
+ *
+ * Errors: predictor_run_prompts, predictor_build and predictor_eval return -1
+ * with a message in err (errlen bytes); lowrank_factor, which has no err,
+ * returns -1 for a rank outside [1, min(rows, cols)] or when out of memory.
+ * predictor_default_rank cannot fail. */
 #ifndef PI2_PREDICTOR_BUILD_H
 #define PI2_PREDICTOR_BUILD_H
 

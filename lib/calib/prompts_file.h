@@ -1,5 +1,8 @@
 /* Calibration prompts from a file: one prompt per non-empty line (CR/LF
- * stripped), as pi2-predictor --prompts and pi2 plan -f read them. */
+ * stripped), as pi2-predictor --prompts and pi2 plan -f read them.
+ *
+ * Errors: calib_read_prompts returns -1 with a message in err (errlen bytes)
+ * naming the file; *out is then NULL. */
 #ifndef PI2_CALIB_PROMPTS_FILE_H
 #define PI2_CALIB_PROMPTS_FILE_H
 

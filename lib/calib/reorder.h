@@ -16,7 +16,12 @@
  * block with one scale: moving a column alone would mean requantizing. There
  * the neurons move as whole 32-neuron blocks (blocks sorted by their summed
  * firing, then the neurons inside each block, whose quants share the block's
- * scale and can be reordered exactly). */
+ * scale and can be reordered exactly).
+ *
+ * Errors: reorder_count_firing and reorder_write return -1 with a message in
+ * err (errlen bytes); reorder_layer_perm and reorder_check_perm return -1
+ * without one (bad arguments, a rejected permutation, or out of memory).
+ * reorder_granularity cannot fail. */
 #ifndef PI2_REORDER_H
 #define PI2_REORDER_H
 

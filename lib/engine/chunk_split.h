@@ -5,7 +5,10 @@
  * workers: the FFN step 2-4 % shorter; end to end within noise). A
  * hot-first file (pi2-reorder) carries its neurons' firing counts, and its
  * hot first chunks cost ~5x the cold ones: weighting by them keeps the
- * ranges even in time, not in neurons. */
+ * ranges even in time, not in neurons.
+ *
+ * Errors: only chunk_split_model can fail: it returns -1 when out of memory.
+ * The rest is arithmetic on the caller's arrays. */
 #ifndef PI2_CHUNK_SPLIT_H
 #define PI2_CHUNK_SPLIT_H
 

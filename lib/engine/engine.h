@@ -1,5 +1,10 @@
 /* The reference forward pass: one token at a time through all layers, with
- * a KV cache, split over a pool of threads. The oracle for the whole stack. */
+ * a KV cache, split over a pool of threads. The oracle for the whole stack.
+ *
+ * Errors: engine_new and the setters that take err return NULL or -1 with a
+ * message in err. engine_forward and engine_prefill return NULL, with no
+ * message, for a token or position out of range (engine_prefill also when out
+ * of memory); engine_observe_ffn, out of memory, observes nothing. */
 #ifndef PI2_ENGINE_H
 #define PI2_ENGINE_H
 

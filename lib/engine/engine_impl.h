@@ -1,6 +1,9 @@
 /* Private to the reference engine's files (engine.c: the token-by-token
  * forward pass; engine_prefill.c: llama.cpp's prompt batch): the engine's
- * state and the pieces they use. */
+ * state and the pieces they use.
+ *
+ * Errors: none: these helpers cannot fail; the buffers they use are
+ * allocated, and checked, by engine_new and engine_set_ffn_mode. */
 #ifndef PI2_ENGINE_IMPL_H
 #define PI2_ENGINE_IMPL_H
 
@@ -22,13 +25,19 @@ struct engine {
     int n_ctx, kv_dim, n_threads;
     uint16_t *k_cache;   /* [layer][pos][kv_dim] */
     uint16_t *v_cache;   /* [layer][kv_dim][n_ctx]: transposed so attention's weighted sum is a dot product */
-    float *x, *xb, *q, *kv_k, *kv_v, *att_out, *hb, *logits;
+    float *x;            /* [n_embd]: the residual stream, the token's state between layers */
+    float *xb;           /* [max(n_embd, n_ff)]: x normed (attention's or the FFN's input); scratch */
+    float *q;            /* [n_embd]: the query, all heads */
+    float *kv_k, *kv_v;  /* [kv_dim]: this position's key and value, before they go into the caches */
+    float *att_out;      /* [n_embd]: the heads' weighted values, before wo */
+    float *hb;           /* [n_ff]: the FFN's hidden activations (dense FFN) */
+    float *logits;       /* [n_vocab] */
     float *scores;       /* [n_head][n_ctx] */
     uint16_t *probs16;   /* [n_head][n_ctx] */
     uint16_t *q16;       /* [n_embd] */
     float *rope_cs;      /* [head_dim]: rope_angles at the position being decoded (every layer's) */
     act_vec in;          /* conversion buffers sized for max(n_embd, n_ff) */
-    uint32_t *fire_counts;
+    uint32_t *fire_counts; /* [n_layer][n_ff]: the caller's firing counters (engine_count_firing), or NULL */
     ffn_observer observer;
     void *observer_ctx;
     float *gate_pre;     /* [n_ff], allocated when an observer is set */

@@ -20,7 +20,12 @@
  *                   logit >= its threshold). ReLU models: differs from exact only
  *                   by missed neurons; SiLU models: the approximate mode, which
  *                   skips neurons the predictor expects to have a small |silu(gate)|.
- * Gate and up of the computed neurons are the dense dots' bits in every mode. */
+ * Gate and up of the computed neurons are the dense dots' bits in every mode.
+ *
+ * Errors: ffn_scratch_init and ffn_down_t_for return -1, with no message,
+ * when out of memory (ffn_down_t_for also for a range it cannot transpose).
+ * The chunk computations cannot fail: they trust the caller's layer, chunk
+ * list and scratch. */
 #ifndef PI2_FFN_CHUNKS_H
 #define PI2_FFN_CHUNKS_H
 

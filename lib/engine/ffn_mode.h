@@ -1,6 +1,10 @@
 /* The FFN modes a decode can run in (dense, gate-first, predictor): their
  * names on the command line and in logs, and which models can run which. How
- * each mode computes is ffn_chunks.h's concern. */
+ * each mode computes is ffn_chunks.h's concern.
+ *
+ * Errors: ffn_mode_parse returns -1 for an unknown name; ffn_mode_parse_flag
+ * also logs it (log_error). ffn_mode_refusal returns its reason as a string
+ * (NULL: none); the rest cannot fail. */
 #ifndef PI2_FFN_MODE_H
 #define PI2_FFN_MODE_H
 

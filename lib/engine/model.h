@@ -1,6 +1,11 @@
 /* A llama-architecture model mapped from a GGUF file: hyperparameters from
  * metadata, weights as typed views into the mapping (nothing is copied,
- * except norm vectors, which are converted to F32). */
+ * except norm vectors, which are converted to F32).
+ *
+ * Errors: model_load and model_load_resident return -1 with a message in err
+ * (errlen bytes) naming the file; model_release_file_pages returns -1 with
+ * errno set; weight_transpose and weight_transpose_cols return -1 with no
+ * message (bad shape, out of memory). The rest cannot fail. */
 #ifndef PI2_MODEL_H
 #define PI2_MODEL_H
 

@@ -1,6 +1,11 @@
 /* The forward pass's building blocks, shared by the reference engine and the
  * stack's workers so that both compute bit-identical results: a row computed
- * by any process or thread is the same dot product in the same order. */
+ * by any process or thread is the same dot product in the same order.
+ *
+ * Errors: none: the building blocks compute on buffers the caller has sized
+ * (the caller checks shapes). A weight type model_load does not admit aborts
+ * via PI2_ASSERT; a KV position outside the cache is caught by
+ * PI2_DEBUG_ASSERT (make asan only). */
 #ifndef PI2_OPS_H
 #define PI2_OPS_H
 

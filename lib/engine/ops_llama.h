@@ -4,7 +4,9 @@
  * dot_f32 fuses them; ggml_vec_silu_f32 takes libm's expf for the last
  * n % 16 elements of a row, where pi2's silu_mul uses its vector exp for all,
  * so that a neuron's value does not depend on where a thread's range starts.
- * With the avx512 kernel sets these give llama.cpp's bits. */
+ * With the avx512 kernel sets these give llama.cpp's bits.
+ *
+ * Errors: none: plain arithmetic; the caller checks shapes. */
 #ifndef PI2_OPS_LLAMA_H
 #define PI2_OPS_LLAMA_H
 

@@ -7,7 +7,12 @@
  *  - "lowrank": ours, built offline from the weights alone (pi2-predictor
  *    build): B . (A . ffn_in) approximates the gate pre-activation
  *    gate . ffn_in, ffn_in = rmsnorm(x) * ffn_norm. Stored in a GGUF side file.
- * A neuron is predicted active iff its logit >= the layer's threshold. */
+ * A neuron is predicted active iff its logit >= the layer's threshold.
+ *
+ * Errors: predictor_load and predictor_load_shared return NULL, and
+ * predictor_q8_0_image_write -1, with a message in err (errlen bytes).
+ * Evaluation and the accessors cannot fail: they trust the caller's layer,
+ * ranges and buffers. */
 #ifndef PI2_PREDICTOR_H
 #define PI2_PREDICTOR_H
 

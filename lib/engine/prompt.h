@@ -21,7 +21,12 @@
  * Per layer: RMSNorm, Q/K/V for all tokens, RoPE, the KV cache written for
  * every position, causal attention by (token, head), Wo, then the FFN's gate
  * and up for all tokens, the activation, down. The hidden states of the block
- * stay in this object's memory; only the KV cache is shared. */
+ * stay in this object's memory; only the KV cache is shared.
+ *
+ * Errors: prompt_pass_new returns NULL with a message in err when out of
+ * memory; prompt_pass_run returns -1, with no message, only when the caller's
+ * step or ffn callback abandoned the run. The rest cannot fail and trusts the
+ * caller's token ids and counts. */
 #ifndef PI2_PROMPT_H
 #define PI2_PROMPT_H
 

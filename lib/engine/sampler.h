@@ -1,4 +1,7 @@
-/* Next-token sampling: greedy, temperature, top-k, top-p, with a seeded PRNG. */
+/* Next-token sampling: greedy, temperature, top-k, top-p, with a seeded PRNG.
+ *
+ * Errors: sampler_sample returns -1 only for n <= 0; out of memory for its
+ * scratch, it logs a warning and picks greedily. The rest cannot fail. */
 #ifndef PI2_SAMPLER_H
 #define PI2_SAMPLER_H
 

@@ -1,6 +1,10 @@
 /* SentencePiece-BPE tokenizer (GGUF tokenizer.ggml.model = "llama"), as llama.cpp's SPM:
  * a space is prepended, spaces become U+2581, symbol pairs are merged by the
- * highest vocab score (leftmost on ties), unknown pieces fall back to <0xXX> byte tokens. */
+ * highest vocab score (leftmost on ties), unknown pieces fall back to <0xXX> byte tokens.
+ *
+ * Errors: tokenizer_from_gguf returns NULL with a message in err (errlen bytes);
+ * tokenizer_encode returns -1, with no message, when out would overflow or memory runs
+ * out. The rest cannot fail (tokenizer_piece writes nothing for an id out of range). */
 #ifndef PI2_TOKENIZER_H
 #define PI2_TOKENIZER_H
 

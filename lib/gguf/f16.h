@@ -1,4 +1,6 @@
-/* IEEE half <-> single conversion (round to nearest even), bit-exact with F16C. */
+/* IEEE half <-> single conversion (round to nearest even), bit-exact with F16C.
+ *
+ * Errors: none: the conversions are total (overflow gives infinity). */
 #ifndef PI2_F16_H
 #define PI2_F16_H
 

@@ -1,4 +1,7 @@
-/* ggml tensor types that pi2 reads and writes, and their block geometry. */
+/* ggml tensor types that pi2 reads and writes, and their block geometry.
+ *
+ * Errors: none: an unknown or unsupported type gives 0 (sizes), -1
+ * (ggml_type_from_name), false or a "type N" name. */
 #ifndef PI2_GGML_TYPES_H
 #define PI2_GGML_TYPES_H
 

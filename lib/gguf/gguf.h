@@ -4,7 +4,12 @@
  * offset and size against the file size (with overflow checks) before use.
  * On failure it fills `err` with a message naming the field and its byte
  * offset, e.g. "model.gguf: tensor_info[3].n_dims at offset 1234: 7 > 4".
- * Strings returned by the reader point into the mapping (not NUL-terminated). */
+ * Strings returned by the reader point into the mapping (not NUL-terminated).
+ *
+ * Errors: gguf_open and gguf_parse return -1 with a message in err; lookups
+ * return NULL or false for a missing or mistyped key. The writer keeps its
+ * first error (gguf_writer_error), after which its calls do nothing (-1 where
+ * they return int); gguf_writer_new returns NULL only when out of memory. */
 #ifndef PI2_GGUF_H
 #define PI2_GGUF_H
 

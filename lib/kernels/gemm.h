@@ -19,7 +19,10 @@
  * input into tiles of GEMM_TILE tokens (gemm_acts_pack), zero-padded, and each
  * ISA version re-lays a tile of GEMM_TILE weight rows once (into the caller's
  * scratch) for every token tile. AMX multiplies the 16x32 tiles in hardware;
- * AVX-512 VNNI and AVX2 keep 16 (8) rows in the lanes of a register. */
+ * AVX-512 VNNI and AVX2 keep 16 (8) rows in the lanes of a register.
+ *
+ * Errors: only gemm_acts_init can fail (-1 when out of memory); packing and
+ * the products trust the caller's shapes, capacity and scratch. */
 #ifndef PI2_KERNELS_GEMM_H
 #define PI2_KERNELS_GEMM_H
 

@@ -8,7 +8,9 @@
  * read in place they all fall in the same few L1 sets and evict each other
  * (measured: 45 GMAC/s in place, on 7B shapes). The 16-lane accumulators of
  * the rows x tokens live in scratch between chunks (storing a float is exact,
- * so the order is untouched). */
+ * so the order is untouched).
+ *
+ * Errors: none: constants and pointer arithmetic on the caller's scratch. */
 #ifndef PI2_KERNELS_GEMM_FLOAT_BLOCK_H
 #define PI2_KERNELS_GEMM_FLOAT_BLOCK_H
 

@@ -7,7 +7,10 @@
  *                                     gemm_float_rows.h has one, row by row)
  *   reduce16(acc)                     one accumulator's lanes summed as gemm.h says
  * and gets gemm_float(), and GEMM_FLOAT_ENTRIES(ISA) to define gemm_f32_ISA
- * and gemm_f16_ISA over it. */
+ * and gemm_f16_ISA over it.
+ *
+ * Errors: none: loops over the caller's buffers, scratch sized by
+ * gemm_float_scratch_bytes. */
 #ifndef PI2_KERNELS_GEMM_FLOAT_DRIVE_H
 #define PI2_KERNELS_GEMM_FLOAT_DRIVE_H
 

@@ -3,7 +3,9 @@
  * packed row against nt tokens (up to GF_TOKENS, packed GF_CHUNK apart) into
  * acc[t * 16]. Each row of the block meets the group's tokens all at once,
  * or, in a last group of fewer, one token at a time. Include it after
- * block() and before gemm_float_drive.h. */
+ * block() and before gemm_float_drive.h.
+ *
+ * Errors: none: arithmetic on the caller's packed buffers. */
 #ifndef PI2_KERNELS_GEMM_FLOAT_ROWS_H
 #define PI2_KERNELS_GEMM_FLOAT_ROWS_H
 

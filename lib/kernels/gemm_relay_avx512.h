@@ -8,7 +8,9 @@
  *   scales [nb][GEMM_TILE] as floats.
  * Rows past nrows are zero with scale 0. Each row's 16 bytes of quants are
  * read with one plain load and the 16 x 4 dwords transposed in registers
- * (four gathers per block took twice as long); the scales with one gather. */
+ * (four gathers per block took twice as long); the scales with one gather.
+ *
+ * Errors: none: the caller sizes the scratch and keeps nrows <= GEMM_TILE. */
 #ifndef PI2_GEMM_RELAY_AVX512_H
 #define PI2_GEMM_RELAY_AVX512_H
 

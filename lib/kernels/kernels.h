@@ -18,7 +18,12 @@
  * only for its architecture, with its flags. kernels.c alone asks the CPU what it runs
  * (CPUID on x86-64, HWCAP on AArch64) and offers a table only where it
  * runs; kernels_best() takes the fastest offered, or PI2_KERNELS's. Callers
- * take every family from that one table, so the families cannot disagree. */
+ * take every family from that one table, so the families cannot disagree.
+ *
+ * Errors: none: the kernels trust the caller's lengths, alignment and types
+ * (the caller checks shapes); dequantize_row and quantize_row skip an
+ * unsupported type. A getter returns NULL for a set this CPU cannot run; a
+ * bad PI2_KERNELS gets a warning (log_warn). */
 #ifndef PI2_KERNELS_H
 #define PI2_KERNELS_H
 

@@ -10,7 +10,9 @@
  *
  * Everything is forced inline: GCC 12 judges a small function whose only
  * effect is a prefetch "const" and deletes its calls, and the dense dots'
- * NULL folds the prefetch away. */
+ * NULL folds the prefetch away.
+ *
+ * Errors: none: inline arithmetic; the callers check lengths and types. */
 #ifndef PI2_KERNELS_AVX2_H
 #define PI2_KERNELS_AVX2_H
 

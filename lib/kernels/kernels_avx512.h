@@ -1,7 +1,9 @@
 /* Internal to the lib files ending in _avx512.c (built with the AVX-512
  * flags): masks and block loaders shared by the fast and the exact quantized
  * dots, the sparse gathers and the predictor gemv, and the functions each
- * kernels file contributes to the two kernel tables. */
+ * kernels file contributes to the two kernel tables.
+ *
+ * Errors: none: inline arithmetic; the callers check lengths and types. */
 #ifndef PI2_KERNELS_AVX512_H
 #define PI2_KERNELS_AVX512_H
 

@@ -12,7 +12,9 @@
  *
  * Everything is forced inline: a gather's prefetch of its next row folds
  * away in the dense dots (next == NULL), and GCC 12 judges a small function
- * whose only effect is a prefetch "const" and deletes its calls. */
+ * whose only effect is a prefetch "const" and deletes its calls.
+ *
+ * Errors: none: inline arithmetic; the callers check lengths and types. */
 #ifndef PI2_KERNELS_NEON_H
 #define PI2_KERNELS_NEON_H
 

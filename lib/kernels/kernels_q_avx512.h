@@ -14,7 +14,9 @@
  *
  * Everything is forced inline: GCC 12 judges a small function whose only
  * effect is a prefetch "const" and deletes its calls, and a call per quad
- * costs ~15% in cache. */
+ * costs ~15% in cache.
+ *
+ * Errors: none: inline arithmetic; the callers check lengths and types. */
 #ifndef PI2_KERNELS_Q_AVX512_H
 #define PI2_KERNELS_Q_AVX512_H
 

@@ -14,7 +14,9 @@
  * are (two stripes swapped change it), and "+ w" keeps every bit of a word in
  * play where its halves multiply to little. The lanes, then the bytes after
  * the last whole stripe, then the length are folded in with checksum_mix.
- * It detects corruption, not an adversary. */
+ * It detects corruption, not an adversary.
+ *
+ * Errors: none: the sum is defined for any n, 0 included. */
 #ifndef PI2_LANESUM_H
 #define PI2_LANESUM_H
 

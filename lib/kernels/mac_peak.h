@@ -5,7 +5,9 @@
  * chains of the widest int8 dot instruction the CPU has, no memory traffic:
  * AVX-512 VNNI vpdpbusd (64 multiply-adds), else AVX2 vpmaddubsw + vpmaddwd +
  * vpaddd (32 for three instructions, the sequence llama.cpp and our AVX2
- * kernels use). */
+ * kernels use).
+ *
+ * Errors: none: a CPU without the instructions gets 0 and *isa "none". */
 #ifndef PI2_MAC_PEAK_H
 #define PI2_MAC_PEAK_H
 

@@ -10,7 +10,9 @@
  * y = s2[0] + s2[1].
  *
  * A kernel set (kernels.h) names its versions, chosen with the dense kernels:
- * every F16 version gives the same bits, so only speed differs. */
+ * every F16 version gives the same bits, so only speed differs.
+ *
+ * Errors: none: the kernels trust the caller's shapes. */
 #ifndef PI2_PRED_GEMV_H
 #define PI2_PRED_GEMV_H
 

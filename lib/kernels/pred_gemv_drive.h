@@ -7,7 +7,9 @@
  *   fma16(w, x, a)      a + w[0..15] * x[0..15] lane by lane, each one fused
  *                       multiply-add (w: F16, x: F32)
  *   reduce16(a)         the 16 lanes summed in pred_gemv.h's order
- * and gets pred_gemv_f16_rows(), which its pred_gemv_f16_ISA calls. */
+ * and gets pred_gemv_f16_rows(), which its pred_gemv_f16_ISA calls.
+ *
+ * Errors: none: loops over the caller's buffers. */
 #ifndef PI2_KERNELS_PRED_GEMV_DRIVE_H
 #define PI2_KERNELS_PRED_GEMV_DRIVE_H
 

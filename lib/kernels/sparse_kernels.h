@@ -35,7 +35,10 @@
  *          Bit-exact across ISAs, so results do not depend on the machine.
  * n is the row length in elements: any n >= 0 for F32/F16, a multiple of 32 for
  * Q8_0/Q4_0. count may be 0. Each kernel's `then` (NULL: none) names the rows
- * the caller's next call reads first, for prefetching (sparse_then). */
+ * the caller's next call reads first, for prefetching (sparse_then).
+ *
+ * Errors: none: the kernels check nothing (above); sparse_kernels_for_type
+ * returns NULL for a type without kernels. */
 #ifndef PI2_SPARSE_KERNELS_H
 #define PI2_SPARSE_KERNELS_H
 

@@ -5,7 +5,9 @@
  * row idx[0], w_a row idx[1], ...), so one kernel serves both and streams
  * them together; without idx the rows are consecutive (a dense gemv). And
  * the Q4_0 axpy's int8 coefficients as the reference computes them
- * (sparse_scalar.c and sparse_neon.c share them). */
+ * (sparse_scalar.c and sparse_neon.c share them).
+ *
+ * Errors: none: index arithmetic; the callers check lengths. */
 #ifndef PI2_SPARSE_ROWS_H
 #define PI2_SPARSE_ROWS_H
 

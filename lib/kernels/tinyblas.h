@@ -4,7 +4,10 @@
  * accumulator fused-multiply-added over k in steps of 16 (F16 operands
  * widened to F32), then summed across lanes as GCC's _mm512_reduce_add_ps
  * does. pi2 uses it only to show agreement with llama.cpp (engine.h's llama
- * compatibility); the product's own order is the kernels' (kernels.h). */
+ * compatibility); the product's own order is the kernels' (kernels.h).
+ *
+ * Errors: none: tinyblas_avx512 is NULL where the CPU cannot run it, and the
+ * dots trust k to be a multiple of 16. */
 #ifndef PI2_TINYBLAS_H
 #define PI2_TINYBLAS_H
 

@@ -16,7 +16,12 @@
  * (model_fingerprint) and file name, the shape and row types, per_bundle and
  * stride, the order of every layer (one INT32 array, layer after layer), and
  * a checksum of every layer's region; after the layers, one tensor of every
- * bundle's own checksum, so a bundle read alone is checked alone. */
+ * bundle's own checksum, so a bundle read alone is checked alone.
+ *
+ * Errors: the functions that take err return -1 with a message in err (errlen
+ * bytes) naming the file and the field or layer. bundle_check and
+ * bundle_check_run report a corrupt bundle by their result (false, or its
+ * index); the rest cannot fail. */
 #ifndef PI2_BUNDLE_H
 #define PI2_BUNDLE_H
 

@@ -5,7 +5,10 @@
  * most flipped bytes into other values). Loading validates every field, alone and
  * against the others (the parts fit in the budget, one hot count per layer,
  * each within the layer's bundles, ...), and with a model, that the plan was
- * made for that model's file; the errors name the file and the field. */
+ * made for that model's file; the errors name the file and the field.
+ *
+ * Errors: plan_load and plan_parse return NULL, the other functions that take
+ * err -1, with a message in err (errlen bytes). */
 #ifndef PI2_PLAN_FILE_H
 #define PI2_PLAN_FILE_H
 

@@ -9,7 +9,12 @@
  *
  * The coordinator binds a ROUTER; workers connect DEALERs whose identity is
  * their name ("cpu-worker-0"). Sockets linger 0 so shutdown never hangs.
- * A bus_socket belongs to one thread (ZeroMQ sockets are not thread safe). */
+ * A bus_socket belongs to one thread (ZeroMQ sockets are not thread safe).
+ *
+ * Errors: functions return NULL, -1 or a negative enum bus_status (named by
+ * bus_status_str); after NULL, -1, BUS_ERR, BUS_EPROTO or BUS_ETOOBIG,
+ * bus_last_error() (per thread) says why. BUS_TIMEOUT and BUS_EINTR are not
+ * faults; the peer table gives -1 when full or for an unknown peer. */
 #ifndef PI2_BUS_H
 #define PI2_BUS_H
 

@@ -4,7 +4,10 @@
  * CLOCK is the slot table's own (stack/neuron_cache.c): a hit sets the
  * slot's reference bit, the hand clears set bits and takes the first clear
  * slot, and a loaded bundle starts referenced (its worker pins it as soon as
- * it lands). Keys are dense: 0 .. n_keys-1. */
+ * it lands). Keys are dense: 0 .. n_keys-1.
+ *
+ * Errors: cache_sim_new returns NULL when out of memory or slots is 0;
+ * cache_sim_ref cannot fail and trusts key < n_keys. */
 #ifndef PI2_CACHE_SIM_H
 #define PI2_CACHE_SIM_H
 

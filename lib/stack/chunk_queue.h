@@ -8,7 +8,11 @@
  * A queue holds one step at a time: entries are valid for the tag they were
  * published with (the step's barrier tag, the same in every worker), and a
  * taker with another tag takes nothing. The cursor packs tag (32 bits),
- * front and back (16 bits each) into one word, changed only by CAS. */
+ * front and back (16 bits each) into one word, changed only by CAS.
+ *
+ * Errors: none: the calls cannot fail; an empty queue, or one that holds
+ * another step, is an answer (0, or -1 from chunk_queue_steal). n <= capacity
+ * is the caller's to keep. */
 #ifndef PI2_CHUNK_QUEUE_H
 #define PI2_CHUNK_QUEUE_H
 

@@ -1,6 +1,8 @@
 /* The exit statuses that scripts/pi2.sh, the supervisor, acts on. The script
  * keeps its own copies (EXIT_USAGE, EXIT_CONFIG); tests/test_shared_constants.sh
- * holds them equal to these. */
+ * holds them equal to these.
+ *
+ * Errors: none: this header only defines constants. */
 #ifndef PI2_EXIT_CODES_H
 #define PI2_EXIT_CODES_H
 

@@ -2,7 +2,11 @@
  *
  * Every received message goes through msg_unpack (refuses garbage, other versions, a missing body)
  * and then msg_validate against the receiver's own limits, so no index, offset or length taken from
- * the wire is used before it has been checked against the segment or model it addresses. */
+ * the wire is used before it has been checked against the segment or model it addresses.
+ *
+ * Errors: msg_unpack returns NULL and msg_validate -1 with a message in err (errlen bytes);
+ * msg_pack returns -1 and msg_pack_alloc NULL with no message (no body, no room, out of memory).
+ * msg_cluster_neurons gives UINT64_MAX for malformed ranges; the rest cannot fail. */
 #ifndef PI2_MSG_H
 #define PI2_MSG_H
 

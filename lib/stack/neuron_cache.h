@@ -20,7 +20,12 @@
  * A reader killed while it holds pins leaves them held (the stack's
  * cpu-workers log theirs, so the process that takes a killed one's place
  * lets them go: cpu-worker/ffn_offload.c), a writer killed mid-read leaves a
- * slot LOADING, which its successor returns (ncache_writer_restart). */
+ * slot LOADING, which its successor returns (ncache_writer_restart).
+ *
+ * Errors: ncache_create and ncache_attach return NULL with a message in err
+ * (errlen bytes). NULL from ncache_pin and -1 from ncache_claim are answers
+ * (not cached; no slot free), not faults. Publishing or abandoning a slot
+ * that is not LOADING logs an error (log_error) and changes nothing. */
 #ifndef PI2_NEURON_CACHE_H
 #define PI2_NEURON_CACHE_H
 

@@ -23,7 +23,12 @@
  * A neuron's rows are addressed for the sparse kernels as
  * base + idx * unit (+ gate/up/down sub-offset), base the hot region and unit
  * the largest power of two dividing a page and every row size, so a neuron
- * anywhere in the hot or cold region is one int32 index. */
+ * anywhere in the hot or cold region is one int32 index.
+ *
+ * Errors: offload_open, offload_cache_attach and offload_lent_regions return
+ * -1 or NULL with a message in err (errlen bytes); offload_rebase returns -1
+ * with none (out of memory, or a tensor outside the image). The layout
+ * accessors cannot fail. */
 #ifndef PI2_OFFLOAD_H
 #define PI2_OFFLOAD_H
 

@@ -2,7 +2,9 @@
  * "Statistics"). Each cpu-worker adds its counts (cpu-worker/ffn_offload.h)
  * to its row of the control block after every task it runs; `pi2 status`
  * shows them, and the coordinator sends a generation's difference to the
- * client in GenerateDone. */
+ * client in GenerateDone.
+ *
+ * Errors: none; a rate with nothing to divide by is 0. */
 #ifndef PI2_STACK_OFFLOAD_STATS_H
 #define PI2_STACK_OFFLOAD_STATS_H
 

@@ -2,7 +2,10 @@
  * flood from one identity costs one line (and one reply) a second, and the
  * next line counts what was held back meanwhile. The table is bounded: a
  * flood of fresh identities evicts the longest-quiet entry instead of growing
- * memory. */
+ * memory.
+ *
+ * Errors: none: a full table evicts an entry instead of failing, and the
+ * functions log (log_warn) rather than return a status. */
 #ifndef PI2_PEER_LIMIT_H
 #define PI2_PEER_LIMIT_H
 

@@ -1,5 +1,8 @@
 /* The stop flag of a stack process: SIGTERM (the supervisor) and SIGINT set
- * it, and every wait loop checks it. */
+ * it, and every wait loop checks it.
+ *
+ * Errors: none: proc_stop_on_signals does not check sigaction, which fails
+ * only for bad arguments. */
 #ifndef PI2_PROC_STOP_H
 #define PI2_PROC_STOP_H
 

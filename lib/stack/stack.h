@@ -2,7 +2,12 @@
  * the activation and control segments, the decode work split, and the
  * cross-process barrier. Every process of the stack computes the same layout
  * from the same model and stack parameters, so nothing but offsets and
- * descriptors need travel on the bus. See docs/stack.md. */
+ * descriptors need travel on the bus. See docs/stack.md.
+ *
+ * Errors: ctl_check returns -1 with a message in err; model_rebase returns -1
+ * with none (a tensor outside the image). NULL from the row lookups (no such
+ * row, table full) and -1 from ctl_barrier_wait (epoch changed, timeout) are
+ * answers, not faults; the layout arithmetic cannot fail. */
 #ifndef PI2_STACK_H
 #define PI2_STACK_H
 

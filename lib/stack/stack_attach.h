@@ -3,7 +3,10 @@
  * the activation region, each attached after waiting for cachemgr to create
  * it and checked against the sizes this process computes from the model and
  * the stack parameters.
- * Shared by the coordinator, cpu-worker and npu-worker. */
+ * Shared by the coordinator, cpu-worker and npu-worker.
+ *
+ * Errors: stack_view_open logs why (log_error) and returns -1, silently when
+ * *stop ended the wait; the accessors cannot fail. */
 #ifndef PI2_STACK_ATTACH_H
 #define PI2_STACK_ATTACH_H
 

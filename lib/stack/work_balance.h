@@ -5,7 +5,11 @@
  * the io-worker and the coordinator, then gets less of every dimension
  * (heads, rows, neurons, vocabulary) and the others stop waiting for it at
  * every barrier. The cuts never change a result (work_share), only who
- * computes it. */
+ * computes it.
+ *
+ * Errors: work_balance_parse returns -1 with a message in err, and
+ * work_balance_describe -1 when no split was published; the rest cannot
+ * fail. */
 #ifndef PI2_WORK_BALANCE_H
 #define PI2_WORK_BALANCE_H
 

@@ -1,6 +1,9 @@
 /* The command line of the stack's workers: -m MODEL, -r RUNID, -t THREADS,
  * -i INDEX and --no-realtime (cpu-workers only), and the PI2_TASK_DELAY_US fault-injection
- * aid. Shared by cpu-worker and npu-worker. */
+ * aid. Shared by cpu-worker and npu-worker.
+ *
+ * Errors: worker_args_parse logs why (log_error) and returns -1; -h prints
+ * the usage and exits 0. */
 #ifndef PI2_WORKER_ARGS_H
 #define PI2_WORKER_ARGS_H
 

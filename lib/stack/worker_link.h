@@ -2,7 +2,12 @@
  * coordinator (Register, Heartbeat, validated receive), its row in the
  * control block (beaten from a thread of its own, so a worker that waits in
  * a barrier or computes a long prefill still shows alive), and the serve
- * loop. Shared by cpu-worker and npu-worker; both stop on proc_stop. */
+ * loop. Shared by cpu-worker and npu-worker; both stop on proc_stop.
+ *
+ * Errors: failures are logged where they happen (log_error, or log_warn for a
+ * dropped message): worker_link_open returns -1, worker_link_send 0 and
+ * worker_link_recv NULL (also for a timeout or a signal). The rest returns
+ * nothing to check. */
 #ifndef PI2_WORKER_LINK_H
 #define PI2_WORKER_LINK_H
 

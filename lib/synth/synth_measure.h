@@ -1,5 +1,7 @@
 /* Measures the realized FFN firing statistics of a model by running tokens
- * through the reference engine (mkmodel --measure). */
+ * through the reference engine (mkmodel --measure).
+ *
+ * Errors: synth_measure logs the cause (log_error) and returns -1. */
 #ifndef PI2_SYNTH_MEASURE_H
 #define PI2_SYNTH_MEASURE_H
 

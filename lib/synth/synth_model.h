@@ -15,7 +15,10 @@
  * firing neurons (up is independent of the gate), see docs/mkmodel.md.
  *
  * Every element is a pure function of (seed, tensor, layer, index): rows can
- * be generated in any order by any thread. */
+ * be generated in any order by any thread.
+ *
+ * Errors: synth_model_new returns NULL with a message in err (errlen bytes);
+ * generation cannot fail (the caller keeps layer and row in range). */
 #ifndef PI2_SYNTH_MODEL_H
 #define PI2_SYNTH_MODEL_H
 

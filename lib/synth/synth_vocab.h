@@ -4,7 +4,10 @@
  * fragments, then generated letter n-grams, up to the requested size.
  * Every multi-character piece can be built by merging two shorter pieces
  * (its prefix chain is in the vocabulary), so SPM merging reaches it; scores
- * fall with the index, so common words win over generated n-grams. */
+ * fall with the index, so common words win over generated n-grams.
+ *
+ * Errors: synth_vocab_build returns -1 with a message in err (errlen bytes)
+ * and leaves v empty. */
 #ifndef PI2_SYNTH_VOCAB_H
 #define PI2_SYNTH_VOCAB_H
 

@@ -1,7 +1,9 @@
 /* A fast 64-bit checksum of a byte range, for detecting corrupted regions of
  * pi2's own files (not a cryptographic hash): four independent multiply-xor
  * lanes over 8-byte words, so it runs at several GB/s, then the tail and the
- * length folded in. The value depends on the bytes and their count only. */
+ * length folded in. The value depends on the bytes and their count only.
+ *
+ * Errors: none: defined for any byte range, an empty one included. */
 #ifndef PI2_CHECKSUM_H
 #define PI2_CHECKSUM_H
 

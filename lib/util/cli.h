@@ -1,6 +1,9 @@
 /* Pieces of command-line parsing shared by the programs: whole-string
  * number parsing with a range check (logging what was wrong with which
- * flag), and the default run id. */
+ * flag), and the default run id.
+ *
+ * Errors: the parsers log what is wrong (log_error) and return -1, leaving
+ * *out unchanged; cli_default_runid cannot fail. */
 #ifndef PI2_CLI_H
 #define PI2_CLI_H
 

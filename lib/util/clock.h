@@ -1,6 +1,9 @@
 /* CLOCK_MONOTONIC in the units pi2 uses. One clock for every process of a
  * stack: heartbeats and deadlines in the control segment are compared across
- * processes, so they must all read the same one. */
+ * processes, so they must all read the same one.
+ *
+ * Errors: none: clock_gettime's result is not checked; with CLOCK_MONOTONIC
+ * and a valid pointer it cannot fail. */
 #ifndef PI2_CLOCK_H
 #define PI2_CLOCK_H
 

@@ -3,7 +3,9 @@
  * YIELD), so a sibling hardware thread gets the core's resources and leaving
  * the loop costs no memory-order mis-speculation; on other targets it does
  * nothing. It orders nothing: the loops that call it read the flag with an
- * atomic load. */
+ * atomic load.
+ *
+ * Errors: none: a hint to the core, with no result. */
 #ifndef PI2_CPU_RELAX_H
 #define PI2_CPU_RELAX_H
 

@@ -1,7 +1,10 @@
 /* Private anonymous memory on 2 MiB pages where the kernel can give them
  * (transparent huge pages in "madvise" mode): for large read-mostly copies
  * that decode streams every token, where 4 KiB pages cost a dTLB miss and a
- * page walk every 4 KiB. */
+ * page walk every 4 KiB.
+ *
+ * Errors: huge_alloc returns NULL when the mapping fails (errno from mmap); a
+ * refused huge-page hint is ignored and the memory stays on 4 KiB pages. */
 #ifndef PI2_HUGE_ALLOC_H
 #define PI2_HUGE_ALLOC_H
 

@@ -1,4 +1,8 @@
-/* Levelled logging to stderr: "pi2-ref[123] INFO  message". PI2_LOG=debug|info|warn|error. */
+/* Levelled logging to stderr: "pi2-ref[123] INFO  message". PI2_LOG=debug|info|warn|error.
+ *
+ * Errors: logging cannot fail: a line longer than 2 KiB is cut short, and an unknown PI2_LOG
+ * keeps the info level. err_set fills the err buffer of functions that report to their caller
+ * instead of logging. */
 #ifndef PI2_LOG_H
 #define PI2_LOG_H
 

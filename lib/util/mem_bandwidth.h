@@ -2,7 +2,9 @@
  * summed as 64-bit words, by one thread or split over a pool's, and the
  * fastest of several passes counts (the one least disturbed by other work).
  * The planner's hardware profile and kernel-bench both report it; the decode
- * benchmarks divide by it to show how close a mode comes to the memory. */
+ * benchmarks divide by it to show how close a mode comes to the memory.
+ *
+ * Errors: none: the measurement cannot fail. */
 #ifndef PI2_MEM_BANDWIDTH_H
 #define PI2_MEM_BANDWIDTH_H
 

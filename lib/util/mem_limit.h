@@ -3,7 +3,11 @@
  * hierarchical_memory_limit, else memory.limit_in_bytes; cgroup v2 the
  * smallest memory.max from this cgroup up to the root), capped by the
  * machine's MemAvailable (there is no swap to spill to). A phone's budget is
- * such a cap: a stack that needs more is killed for memory, not slowed. */
+ * such a cap: a stack that needs more is killed for memory, not slowed.
+ *
+ * Errors: mem_limit_read returns -1 with the reason in out->source when
+ * MemAvailable cannot be read; a missing or unreadable cgroup file only means
+ * no limit there. */
 #ifndef PI2_MEM_LIMIT_H
 #define PI2_MEM_LIMIT_H
 

@@ -1,4 +1,7 @@
-/* mkdir -p. */
+/* mkdir -p.
+ *
+ * Errors: mkdirs returns -1 with errno set (and the directory it could not
+ * make in failed). */
 #ifndef PI2_UTIL_MKDIRS_H
 #define PI2_UTIL_MKDIRS_H
 

@@ -1,6 +1,9 @@
 /* Giving memory back to the kernel without freeing it: the buffers of work
  * that comes and goes (a prompt's) hold no pages between times, so a memory
- * budget can lend those pages to something else meanwhile. */
+ * budget can lend those pages to something else meanwhile.
+ *
+ * Errors: none: pages_release is advice; if madvise fails the pages stay,
+ * which costs memory, not correctness. */
 #ifndef PI2_PAGES_H
 #define PI2_PAGES_H
 

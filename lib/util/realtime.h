@@ -6,7 +6,10 @@
  * slice, and the reads asked ahead of a layer start late; at SCHED_FIFO they
  * run the moment they wake, for the few microseconds they need. Computing
  * threads never get it. Needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least
- * REALTIME_PRIORITY; without it everything runs at normal priority. */
+ * REALTIME_PRIORITY; without it everything runs at normal priority.
+ *
+ * Errors: realtime_self returns -1 with the reason in err (errlen bytes);
+ * realtime_allowed and realtime_thread_is say false when their call fails. */
 #ifndef PI2_REALTIME_H
 #define PI2_REALTIME_H
 

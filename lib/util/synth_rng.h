@@ -4,7 +4,10 @@
  * Every tensor element is a pure function of (seed, tensor key, flat index),
  * so any thread can generate any row, a transposed copy of a matrix holds the
  * same numbers, and the output never depends on the thread count.
- * splitmix64 is both the stream generator and the hash (it passes BigCrush). */
+ * splitmix64 is both the stream generator and the hash (it passes BigCrush).
+ *
+ * Errors: none: pure arithmetic (synth_uniform never returns 0, so
+ * synth_normal's log is safe). */
 #ifndef PI2_SYNTH_RNG_H
 #define PI2_SYNTH_RNG_H
 

@@ -1,7 +1,10 @@
 /* A fixed pool of threads that run one parallel job at a time. The calling
  * thread takes part as worker 0; idle workers spin briefly, then sleep, so
  * the many small per-layer jobs of a decode step cost microseconds, not a
- * futex round trip each. */
+ * futex round trip each.
+ *
+ * Errors: pool_new returns NULL when out of memory; a worker thread that
+ * cannot be started aborts via PI2_ASSERT. pool_run cannot fail. */
 #ifndef PI2_THREADPOOL_H
 #define PI2_THREADPOOL_H
 

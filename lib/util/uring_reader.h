@@ -2,7 +2,12 @@
  * where the file system and the alignment allow it, buffered otherwise; short
  * reads are resubmitted for the rest. Jobs are either run to completion as a
  * batch (uring_reader_run) or queued one by one and reaped as they finish, so
- * that several batches share the ring and it never drains between them. */
+ * that several batches share the ring and it never drains between them.
+ *
+ * Errors: uring_reader_open returns NULL with a message in err;
+ * uring_reader_register_buffer and uring_reader_queue return 0 or -errno
+ * (liburing style), and each read puts its own -errno in io_job.result. A
+ * failed io_uring_submit is logged (log_error); its reads stay queued. */
 #ifndef PI2_IO_URING_READER_H
 #define PI2_IO_URING_READER_H
 
