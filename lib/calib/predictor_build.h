@@ -20,7 +20,8 @@
 /* Randomized SVD of G (rows x cols, row-major) to rank r: A (r x cols) and
  * B (rows x r), both row-major, with B . A ~ G (singular values split evenly
  * between them). power_iters rounds of subspace iteration, oversampling of 8
- * columns; threads > 1 splits the products. Returns 0, or -1 when out of memory. */
+ * columns; threads > 1 splits the products. Returns 0, or -1 for r outside
+ * [1, min(rows, cols)] or when out of memory. */
 int lowrank_factor(const float *G, int rows, int cols, int r, int power_iters, uint64_t seed, int threads, float *A,
                    float *B);
 

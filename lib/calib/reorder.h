@@ -44,11 +44,12 @@ int reorder_granularity(const model *m);
 /* One layer's order: perm[j] = the old neuron placed at j, by descending
  * count (ties: ascending index). granularity 32: whole blocks of 32 neurons by
  * descending summed count, then each block's neurons by descending count;
- * n_ff must be a multiple of 32. Returns 0, or -1 (bad granularity / n_ff). */
+ * n_ff must be a multiple of 32. Returns 0, or -1 (bad granularity / n_ff, out
+ * of memory). */
 int reorder_layer_perm(const uint32_t *counts, int n_ff, int granularity, int32_t *perm);
 
 /* 0 if perm[0..n) is a permutation of 0..n-1 that moves whole blocks of
- * `granularity` neurons, else -1. */
+ * `granularity` neurons, else -1 (also when out of memory). */
 int reorder_check_perm(const int32_t *perm, int n, int granularity);
 
 typedef struct {

@@ -27,7 +27,8 @@ void engine_free(engine *e);
 int engine_n_ctx(const engine *e);
 
 /* Run token at position pos (0-based; positions must be fed in order) and
- * return the logits [n_vocab], valid until the next call. */
+ * return the logits [n_vocab], valid until the next call; NULL for a token
+ * outside the vocabulary or a position outside the context. */
 float *engine_forward(engine *e, int token, int pos);
 
 /* Run the prompt tokens[0..n) at positions 0..n-1 (a fresh sequence) and

@@ -134,7 +134,8 @@ void ffn_reduce_rows(const model *m, const float *partials, const float *residua
 /* A neuron-major down_t for neurons [n0, n1) of a layer, when the file has no
  * ffn_down_t: F32 / F16 from F32 / F16 (exact values), Q8_0 from quantized
  * weights (a requantization). The file's ffn_down_t, when present, is used as it is
- * (*built stays NULL, *first = 0). Returns 0, or -1 (out of memory); free(*built). */
+ * (*built stays NULL, *first = 0). Returns 0, or -1 (out of memory, or a range or
+ * shape weight_transpose_cols cannot transpose); free(*built). */
 int ffn_down_t_for(const layer_weights *w, long n0, long n1, weight *out, long *first, void **built);
 
 #endif

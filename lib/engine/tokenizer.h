@@ -28,7 +28,7 @@ int tokenizer_eos(const tokenizer *t);
 bool tokenizer_adds_bos(const tokenizer *t);
 
 /* Encode text (NUL-terminated) into out[0..max). Returns the token count, or
- * -1 if more than max tokens would be needed. */
+ * -1 if more than max tokens would be needed or memory runs out. */
 int tokenizer_encode(const tokenizer *t, const char *text, int add_bos, int32_t *out, int max);
 
 /* Bytes of one token as generated text: U+2581 -> ' ', <0xXX> -> that byte,

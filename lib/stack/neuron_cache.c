@@ -262,6 +262,8 @@ void ncache_publish(ncache *c, int64_t slot) {
 }
 
 void ncache_abandon(ncache *c, int64_t slot) {
+    PI2_DEBUG_ASSERT(slot >= 0 && slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)slot,
+                     (unsigned long long)c->shape.n_slots);
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
     if (state_of(w) != LOADING) {
