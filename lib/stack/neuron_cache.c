@@ -9,6 +9,11 @@
 
 enum { EMPTY = 0, LOADING = 1, READY = 2 };
 
+/* make asan: a slot number handed back by a caller is one of the table's */
+#define DEBUG_ASSERT_SLOT(c, slot)                                                                              \
+    PI2_DEBUG_ASSERT((slot) >= 0 && (slot) < (int64_t)(c)->shape.n_slots, "slot %lld of %llu", (long long)(slot), \
+                     (unsigned long long)(c)->shape.n_slots)
+
 #define PIN_BITS 30
 #define PIN_MASK ((1ull << PIN_BITS) - 1)
 #define STATE_SHIFT PIN_BITS
@@ -202,13 +207,13 @@ bool ncache_contains(const ncache *c, uint32_t layer, uint32_t expert, uint32_t 
     if (layer >= s->n_layer || expert >= s->n_expert || bundle >= s->n_bundles) return false;
     const uint64_t key = key_of(layer, expert, bundle);
     const int32_t slot = atomic_load_explicit(&c->index[index_of(s, key)], memory_order_acquire);
-    return slot >= 0 && (uint32_t)slot < s->n_slots && atomic_load_explicit(&c->slots[slot].key, memory_order_acquire) == key &&
+    return slot >= 0 && (uint32_t)slot < s->n_slots &&
+           atomic_load_explicit(&c->slots[slot].key, memory_order_acquire) == key &&
            state_of(atomic_load_explicit(&c->slots[slot].word, memory_order_acquire)) == READY;
 }
 
 void ncache_unpin(ncache *c, const ncache_ref *ref) {
-    PI2_DEBUG_ASSERT(ref->slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)ref->slot,
-                     (unsigned long long)c->shape.n_slots);
+    if (ref->slot >= 0) DEBUG_ASSERT_SLOT(c, ref->slot);
     /* release: this reader's loads of the slot's bytes are done before claim's acquire sees the pin go */
     if (ref->slot >= 0) atomic_fetch_sub_explicit(&c->slots[ref->slot].word, 1, memory_order_release);
 }
@@ -245,8 +250,7 @@ int64_t ncache_claim(ncache *c, uint32_t layer, uint32_t expert, uint32_t bundle
 }
 
 void ncache_publish(ncache *c, int64_t slot) {
-    PI2_DEBUG_ASSERT(slot >= 0 && slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)slot,
-                     (unsigned long long)c->shape.n_slots);
+    DEBUG_ASSERT_SLOT(c, slot);
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
     if (state_of(w) != LOADING) { /* not claimed: publishing would zero live pins */
@@ -262,8 +266,7 @@ void ncache_publish(ncache *c, int64_t slot) {
 }
 
 void ncache_abandon(ncache *c, int64_t slot) {
-    PI2_DEBUG_ASSERT(slot >= 0 && slot < (int64_t)c->shape.n_slots, "slot %lld of %llu", (long long)slot,
-                     (unsigned long long)c->shape.n_slots);
+    DEBUG_ASSERT_SLOT(c, slot);
     slot_meta *m = &c->slots[slot];
     const uint64_t w = atomic_load_explicit(&m->word, memory_order_relaxed);
     if (state_of(w) != LOADING) {
