@@ -7,10 +7,8 @@
 # '*' and placeholders in capitals (lib/NAME/) are not paths.
 set -u
 cd "$(dirname "$0")/.."
-pass=0; fail=0
-check() { # check NAME STATUS
-    if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=tests/sh/checks.sh
+. tests/sh/checks.sh
 
 top='lib|coordinator|npu-worker|cpu-worker|io-worker|cachemgr|planner|tests|tools|bench|scripts|docs|proto|configs'
 # "file:line path" for every mention, in the files git tracks
@@ -37,5 +35,4 @@ while read -r where path; do
 done < <(mentions)
 [ "$n" -gt 100 ]; check "found the paths the sources name ($n)" $?
 
-echo "$pass passed, $fail failed, 0 skipped"
-[ "$fail" -eq 0 ]
+checks_summary

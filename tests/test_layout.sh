@@ -5,10 +5,8 @@
 # lib/ and in the programs, names the header's folder.
 set -u
 cd "$(dirname "$0")/.."
-pass=0; fail=0
-check() { # check NAME STATUS
-    if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=tests/sh/checks.sh
+. tests/sh/checks.sh
 
 # The table's rows: "| `lib/NAME/` | owns | `a` `b` ... |" -> allowed[NAME]="a b ..."
 declare -A allowed=()
@@ -71,5 +69,4 @@ grep -q '^[[:space:]]*#[[:space:]]*include[[:space:]]*"pi2.pb-c.h"' -r lib --inc
 grep -q '^[[:space:]]*#[[:space:]]*include[[:space:]]*"plan.pb-c.h"' -r lib --include='*.[ch]' -l | grep -qv '^lib/plan/'
 [ $? -ne 0 ]; check "only lib/plan/ includes the generated plan.pb-c.h" $?
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+checks_summary

@@ -4,10 +4,8 @@
 # most cpu-workers a stack has (lib/stack/stack.h).
 set -u
 cd "$(dirname "$0")/.."
-pass=0; fail=0
-check() { # check NAME STATUS
-    if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=tests/sh/checks.sh
+. tests/sh/checks.sh
 c_value() { sed -n "s/^#define $2 \\([0-9][0-9]*\\).*/\\1/p" "$1"; }
 sh_value() { sed -n "s/^$1=\\([0-9][0-9]*\\).*/\\1/p" scripts/pi2.sh; }
 
@@ -21,5 +19,4 @@ lib/stack/exit_codes.h PI2_EXIT_CONFIG EXIT_CONFIG
 lib/stack/stack.h STACK_MAX_CPU_WORKERS MAX_CPU_WORKERS
 LIST
 
-echo "$pass passed, $fail failed, 0 skipped"
-[ "$fail" -eq 0 ]
+checks_summary

@@ -2,8 +2,8 @@
 # Sourced by the stack tests (tests/test_stack*.sh, tests/test_bamboo.sh) from
 # the repository root: run bookkeeping, checks, and the teardown that leaves no
 # process, segment or run directory behind. The caller sets RUN_BASE (a prefix
-# unique to it). Sets BIN ($BUILD/bin, absolute), PI2 and REF; defines check,
-# skip, require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
+# unique to it). Sets BIN ($BUILD/bin, absolute), PI2 and REF; defines check
+# and skip (tests/sh/checks.sh), require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
 # configs below.
 BUILD=${BUILD:-build}
 BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
@@ -12,17 +12,9 @@ PI2=$BIN/pi2
 REF=$BIN/pi2-ref
 TMP=$(mktemp -d)
 RUNS=()
-pass=0 fail=0 skipped=0
 finished=0
-
-check() { # check NAME STATUS
-    if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
-
-skip() { # skip WHAT: a part this machine cannot run, counted and named (tests/run.sh names it once)
-    skipped=$((skipped + 1))
-    echo "SKIP $1"
-}
+# shellcheck source=tests/sh/checks.sh
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 
 require_programs() { # require_programs NAME...: each is built in $BIN, else the suite stops
     local p
