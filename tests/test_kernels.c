@@ -441,6 +441,42 @@ static void test_dot_f16_rows(const kernels *k) {
         }
 }
 
+/* dot_f16_tile equals the set's own dot_f16 on every (key, query) pair, bit
+ * for bit (a prompt's K . q uses the one, a decode token's the other), for
+ * lengths with and without leftovers or past the tiled form's longest, and
+ * query counts around its groups; nothing written past the pairs asked for */
+static void test_dot_f16_tile(const kernels *k) {
+    const int lengths[] = {8, 64, 96, 128, 256, 320};
+    const int query_counts[] = {1, 3, 4, 5, 8, 9};
+    enum { MAX_LEN = 320, MAX_POS = 37, MAX_Q = 9, OUT_STRIDE = MAX_POS + 3 };
+    static uint16_t keys[MAX_POS * (MAX_LEN + 5)], q[MAX_Q * (MAX_LEN + 3)];
+    static float out[(MAX_Q + 1) * OUT_STRIDE];
+    for (int li = 0; li < COUNT(lengths); li++)
+        for (int qi = 0; qi < COUNT(query_counts); qi++) {
+            const int n = lengths[li], nq = query_counts[qi], n_pos = 1 + (int)(rng_u32() % MAX_POS);
+            const size_t k_stride = (size_t)n + rng_u32() % 5, q_stride = (size_t)n + rng_u32() % 3;
+            for (size_t i = 0; i < k_stride * (size_t)n_pos; i++)
+                keys[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            for (size_t i = 0; i < q_stride * (size_t)nq; i++)
+                q[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            for (int i = 0; i < COUNT(out); i++) out[i] = 12345.0f;
+            k->dot_f16_tile(keys, k_stride, n_pos, q, q_stride, nq, n, out, OUT_STRIDE);
+            int bad = 0, past = 0;
+            for (int j = 0; j <= MAX_Q; j++)
+                for (int s = 0; s < OUT_STRIDE; s++) {
+                    const float got = out[j * OUT_STRIDE + s];
+                    if (j >= nq || s >= n_pos) {
+                        past += got != 12345.0f;
+                        continue;
+                    }
+                    const float want = k->dot_f16(keys + (size_t)s * k_stride, q + (size_t)j * q_stride, n);
+                    bad += memcmp(&got, &want, sizeof want) != 0;
+                }
+            CHECK(bad == 0 && past == 0, "%s dot_f16_tile n=%d queries=%d positions=%d: %d pairs differ from dot_f16, %d "
+                  "values written past them", k->name, n, nq, n_pos, bad, past);
+        }
+}
+
 /* softmax exponentials and SwiGLU against libm within a few ulp (ggml's vector
  * exp is within 1.5 ulp of exp), and exp(-inf) = 0 for masked scores */
 static void test_activation_kernels(const kernels *k) {
@@ -549,6 +585,7 @@ int main(void) {
             test_scalar_float_bits(sets[i]);
         }
         test_dot_f16_rows(sets[i]);
+        test_dot_f16_tile(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);
         test_kv_store(sets[i]);

@@ -132,6 +132,27 @@ static void prefetch_keys(const kv_layer *kv, int t, size_t first, size_t bytes)
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
+/* Head h's softmax over its T scores sc (scaled), its probabilities rounded to
+ * F16 in p16 and padded with zeros to n_kv, and out[d] = V . p over n_kv (in
+ * tinyBLAS order when tb is given). */
+static void head_values(const kernels *k, const tinyblas_kernels *tb, const model *m, const kv_layer *kv, long h,
+                        int T, int n_kv, float *sc, uint16_t *p16, float *out) {
+    const int hd = m->head_dim, kvh = (int)h / (m->n_head / m->n_head_kv);
+    float mx = -INFINITY;
+    for (int t = 0; t < T; t++)
+        if (sc[t] > mx) mx = sc[t];
+    double sum = k->softmax_exp(sc, sc, mx, T);
+    float inv = (float)(1.0 / sum);
+    for (int t = 0; t < T; t++) sc[t] *= inv;
+    k->f32_to_f16_row(sc, p16, T);
+    memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
+    const uint16_t *vh = kv->v + (size_t)kvh * hd * kv->n_ctx; /* row d: dimension d's values over time */
+    if (tb)
+        for (int d = 0; d < hd; d++) out[d] = tb->dot_f16(vh + (size_t)d * kv->n_ctx, p16, n_kv);
+    else
+        k->dot_f16_rows(vh, (size_t)kv->n_ctx, hd, p16, n_kv, out);
+}
+
 /* llama.cpp (no flash attention): scores = K . q16, softmax in f32 with a
  * double sum, probabilities rounded to F16, output = V^T . p16. In a batch its
  * KV length is the batch's, and the K . q and V . p products are matrix
@@ -159,23 +180,26 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
             scores[(size_t)h * kv->n_ctx + (size_t)t] =
                 kq_dot(keys + (size_t)(h / group) * hd, q16 + (size_t)h * hd, hd) * scale;
     }
-    for (long h = h0; h < h1; h++) {
-        int kvh = (int)h / group;
-        float *sc = scores + (size_t)h * kv->n_ctx;
-        uint16_t *p16 = probs16 + (size_t)h * kv->n_ctx;
-        float mx = -INFINITY;
-        for (int t = 0; t < T; t++)
-            if (sc[t] > mx) mx = sc[t];
-        double sum = k->softmax_exp(sc, sc, mx, T);
-        float inv = (float)(1.0 / sum);
-        for (int t = 0; t < T; t++) sc[t] *= inv;
-        k->f32_to_f16_row(sc, p16, T);
-        memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
-        const uint16_t *vh = kv->v + (size_t)kvh * hd * kv->n_ctx; /* row d: dimension d's values over time */
-        if (vp_tinyblas)
-            for (int d = 0; d < hd; d++) out[h * hd + d] = tb->dot_f16(vh + (size_t)d * kv->n_ctx, p16, n_kv);
-        else
-            k->dot_f16_rows(vh, (size_t)kv->n_ctx, hd, p16, n_kv, out + h * hd);
+    for (long h = h0; h < h1; h++)
+        head_values(k, vp_tinyblas ? tb : NULL, m, kv, h, T, n_kv, scores + (size_t)h * kv->n_ctx,
+                    probs16 + (size_t)h * kv->n_ctx, out + h * hd);
+}
+
+void attention_head_tokens(const kernels *k, const model *m, const kv_layer *kv, long h, const uint16_t *q16,
+                           int pos0, int n_tok, float *scores, uint16_t *probs16, float *out) {
+    const int hd = m->head_dim, D = m->n_head * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const uint16_t *keys = kv->k + (size_t)(h / (m->n_head / m->n_head_kv)) * hd;
+    /* every token's scores over the last one's positions: the few past a
+     * token's own are left unread */
+    k->dot_f16_tile(keys, (size_t)kv->kv_dim, pos0 + n_tok, q16 + (size_t)h * hd, (size_t)D, n_tok, hd, scores,
+                    (size_t)kv->n_ctx);
+    for (int j = 0; j < n_tok; j++) {
+        const int T = pos0 + j + 1;
+        float *sc = scores + (size_t)j * kv->n_ctx;
+        for (int t = 0; t < T; t++) sc[t] *= scale;
+        head_values(k, NULL, m, kv, h, T, padded_kv_len(T, kv->n_ctx), sc, probs16 + (size_t)j * kv->n_ctx,
+                    out + (size_t)j * D + (size_t)h * hd);
     }
 }
 

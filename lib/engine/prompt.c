@@ -306,8 +306,11 @@ static void values_worker(void *ctx, int ith, int nth) {
 }
 
 /* Causal attention: token t attends to positions 0 .. first + t, all stored
- * before this runs. (token, head) pairs are dealt round-robin because later
- * tokens cost more. */
+ * before this runs. Work goes out as (head, run of ATTN_TOKENS tokens): a
+ * run reads each key once for all its tokens (attention_head_tokens). Runs
+ * are dealt round-robin because later tokens cost more. */
+#define ATTN_TOKENS 8
+
 static void attention_worker(void *ctx, int ith, int nth) {
     token_job *j = ctx;
     prompt_pass *p = j->p;
@@ -315,12 +318,12 @@ static void attention_worker(void *ctx, int ith, int nth) {
     const size_t per_thread = (size_t)m->n_head * (size_t)p->n_ctx;
     float *scores = p->scores + (size_t)ith * per_thread;
     uint16_t *probs16 = p->probs16 + (size_t)ith * per_thread;
-    const long pairs = (long)j->n_tok * m->n_head;
-    for (long i = ith; i < pairs; i += nth) {
-        const int t = (int)(i / m->n_head);
-        const long h = i % m->n_head;
-        attention_heads(p->k, m, &j->kv, p->q16 + (size_t)t * m->n_embd, j->first + t, scores, probs16,
-                        row_of(p->att, t, m->n_embd), h, h + 1);
+    const int run = m->n_head < ATTN_TOKENS ? m->n_head : ATTN_TOKENS; /* the scratch holds n_head rows */
+    const long runs = (j->n_tok + run - 1) / run, units = runs * m->n_head;
+    for (long i = ith; i < units; i += nth) {
+        const int t = (int)(i / m->n_head) * run, n = j->n_tok - t < run ? j->n_tok - t : run;
+        attention_head_tokens(p->k, m, &j->kv, i % m->n_head, p->q16 + (size_t)t * m->n_embd, j->first + t, n,
+                              scores, probs16, row_of(p->att, t, m->n_embd));
     }
 }
 

@@ -3,6 +3,7 @@
  * are bit-exact with the scalar reference; dot products differ only in float
  * summation order. */
 #include "gguf/f16.h"
+#include "kernels/dot_f16_tile.h"
 #include "kernels/kernels_avx2.h"
 
 /* the rows are kernels_avx2.h's, which the sparse gathers share */
@@ -12,6 +13,11 @@ static float dot_f16_avx2(const uint16_t *w, const uint16_t *x, int n) { return 
  * worth interleaving, and attention's n is a multiple of 32 */
 static void dot_f16_rows_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
     for (int r = 0; r < rows; r++) out[r] = f16_row(w + (size_t)r * row_stride, x, n, NULL);
+}
+/* pair by pair: a key's 32-element steps are few beside the sums (not measured tiled) */
+static void dot_f16_tile_avx2(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride,
+                              int nq, int n, float *out, size_t out_stride) {
+    dot_f16_tile_by_pairs(dot_f16_avx2, k, k_stride, n_pos, q, q_stride, nq, n, out, out_stride);
 }
 static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
 static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
@@ -103,6 +109,7 @@ const kernels kernels_avx2_impl = {
     .dot_f32 = dot_f32_avx2,
     .dot_f16 = dot_f16_avx2,
     .dot_f16_rows = dot_f16_rows_avx2,
+    .dot_f16_tile = dot_f16_tile_avx2,
     .dot_q8_0 = dot_q8_0_avx2,
     .dot_q4_0 = dot_q4_0_avx2,
     .quantize_q8_0 = quantize_q8_0_avx2,
