@@ -477,6 +477,42 @@ static void test_dot_f16_tile(const kernels *k) {
         }
 }
 
+/* dot_f16_rows_tile equals the set's own dot_f16_rows for every query, bit for
+ * bit (a prompt's V . p uses the one, a decode token's the other), for
+ * lengths around the 64-element steps and their double leftovers, query
+ * counts around its groups of four and row counts around dot_f16_rows' groups
+ * of eight; nothing written past the rows and queries asked for */
+static void test_dot_f16_rows_tile(const kernels *k) {
+    const int lengths[] = {1, 32, 63, 64, 96, 127, 128, 160, 1000};
+    const int query_counts[] = {1, 3, 4, 5, 8, 9};
+    enum { MAX_LEN = 1000, MAX_ROWS = 17, MAX_Q = 9, OUT_STRIDE = MAX_ROWS + 2 };
+    static uint16_t w[MAX_ROWS * (MAX_LEN + 6)], x[MAX_Q * (MAX_LEN + 4)];
+    static float out[(MAX_Q + 1) * OUT_STRIDE], scratch[MAX_Q * MAX_LEN];
+    for (int li = 0; li < COUNT(lengths); li++)
+        for (int qi = 0; qi < COUNT(query_counts); qi++) {
+            const int n = lengths[li], nx = query_counts[qi], rows = 1 + (int)(rng_u32() % MAX_ROWS);
+            const size_t w_stride = (size_t)n + rng_u32() % 6, x_stride = (size_t)n + rng_u32() % 4;
+            for (size_t i = 0; i < w_stride * (size_t)rows; i++)
+                w[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            for (size_t i = 0; i < x_stride * (size_t)nx; i++)
+                x[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            for (int i = 0; i < COUNT(out); i++) out[i] = 12345.0f;
+            k->dot_f16_rows_tile(w, w_stride, rows, x, x_stride, nx, n, out, OUT_STRIDE, scratch);
+            int bad = 0, past = 0;
+            for (int j = 0; j <= MAX_Q; j++) {
+                float want[MAX_ROWS];
+                if (j < nx) k->dot_f16_rows(w, w_stride, rows, x + (size_t)j * x_stride, n, want);
+                for (int r = 0; r < OUT_STRIDE; r++) {
+                    const float got = out[j * OUT_STRIDE + r];
+                    if (j >= nx || r >= rows) past += got != 12345.0f;
+                    else bad += memcmp(&got, &want[r], sizeof got) != 0;
+                }
+            }
+            CHECK(bad == 0 && past == 0, "%s dot_f16_rows_tile n=%d queries=%d rows=%d: %d values differ from "
+                  "dot_f16_rows, %d written past them", k->name, n, nx, rows, bad, past);
+        }
+}
+
 /* softmax exponentials and SwiGLU against libm within a few ulp (ggml's vector
  * exp is within 1.5 ulp of exp), and exp(-inf) = 0 for masked scores */
 static void test_activation_kernels(const kernels *k) {
@@ -586,6 +622,7 @@ int main(void) {
         }
         test_dot_f16_rows(sets[i]);
         test_dot_f16_tile(sets[i]);
+        test_dot_f16_rows_tile(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);
         test_kv_store(sets[i]);

@@ -132,12 +132,9 @@ static void prefetch_keys(const kv_layer *kv, int t, size_t first, size_t bytes)
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
-/* Head h's softmax over its T scores sc (scaled), its probabilities rounded to
- * F16 in p16 and padded with zeros to n_kv, and out[d] = V . p over n_kv (in
- * tinyBLAS order when tb is given). */
-static void head_values(const kernels *k, const tinyblas_kernels *tb, const model *m, const kv_layer *kv, long h,
-                        int T, int n_kv, float *sc, uint16_t *p16, float *out) {
-    const int hd = m->head_dim, kvh = (int)h / (m->n_head / m->n_head_kv);
+/* A head's softmax over its T scores sc (scaled), the probabilities rounded
+ * to F16 in p16 and padded with zeros to n_kv. */
+static void head_probs(const kernels *k, int T, int n_kv, float *sc, uint16_t *p16) {
     float mx = -INFINITY;
     for (int t = 0; t < T; t++)
         if (sc[t] > mx) mx = sc[t];
@@ -146,7 +143,20 @@ static void head_values(const kernels *k, const tinyblas_kernels *tb, const mode
     for (int t = 0; t < T; t++) sc[t] *= inv;
     k->f32_to_f16_row(sc, p16, T);
     memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
-    const uint16_t *vh = kv->v + (size_t)kvh * hd * kv->n_ctx; /* row d: dimension d's values over time */
+}
+
+/* head h's values: row d of V (transposed), dimension d over time */
+static const uint16_t *head_value_rows(const model *m, const kv_layer *kv, long h) {
+    return kv->v + (size_t)(h / (m->n_head / m->n_head_kv)) * (size_t)m->head_dim * (size_t)kv->n_ctx;
+}
+
+/* Head h's probabilities (head_probs) and out[d] = V . p over n_kv (in
+ * tinyBLAS order when tb is given). */
+static void head_values(const kernels *k, const tinyblas_kernels *tb, const model *m, const kv_layer *kv, long h,
+                        int T, int n_kv, float *sc, uint16_t *p16, float *out) {
+    const int hd = m->head_dim;
+    head_probs(k, T, n_kv, sc, p16);
+    const uint16_t *vh = head_value_rows(m, kv, h);
     if (tb)
         for (int d = 0; d < hd; d++) out[d] = tb->dot_f16(vh + (size_t)d * kv->n_ctx, p16, n_kv);
     else
@@ -198,8 +208,15 @@ void attention_head_tokens(const kernels *k, const model *m, const kv_layer *kv,
         const int T = pos0 + j + 1;
         float *sc = scores + (size_t)j * kv->n_ctx;
         for (int t = 0; t < T; t++) sc[t] *= scale;
-        head_values(k, NULL, m, kv, h, T, padded_kv_len(T, kv->n_ctx), sc, probs16 + (size_t)j * kv->n_ctx,
-                    out + (size_t)j * D + (size_t)h * hd);
+        head_probs(k, T, padded_kv_len(T, kv->n_ctx), sc, probs16 + (size_t)j * kv->n_ctx);
+    }
+    /* the values of tokens with the same KV length at once, the scores' rows as the kernel's scratch */
+    const uint16_t *vh = head_value_rows(m, kv, h);
+    for (int j0 = 0, j1; j0 < n_tok; j0 = j1) {
+        const int n_kv = padded_kv_len(pos0 + j0 + 1, kv->n_ctx);
+        for (j1 = j0 + 1; j1 < n_tok && padded_kv_len(pos0 + j1 + 1, kv->n_ctx) == n_kv; j1++) {}
+        k->dot_f16_rows_tile(vh, (size_t)kv->n_ctx, hd, probs16 + (size_t)j0 * kv->n_ctx, (size_t)kv->n_ctx, j1 - j0,
+                             n_kv, out + (size_t)j0 * D + (size_t)h * hd, (size_t)D, scores);
     }
 }
 

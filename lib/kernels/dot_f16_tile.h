@@ -18,4 +18,12 @@ static inline void dot_f16_tile_by_pairs(float (*dot)(const uint16_t *, const ui
             out[(size_t)j * out_stride + (size_t)s] = dot(k + (size_t)s * k_stride, q + (size_t)j * q_stride, n);
 }
 
+/* dot_f16_rows_tile (kernels.h) one query at a time through a set's own dot_f16_rows */
+static inline void dot_f16_rows_tile_by_query(void (*rows_fn)(const uint16_t *, size_t, int, const uint16_t *, int,
+                                                              float *),
+                                              const uint16_t *w, size_t row_stride, int rows, const uint16_t *x,
+                                              size_t x_stride, int nx, int n, float *out, size_t out_stride) {
+    for (int j = 0; j < nx; j++) rows_fn(w, row_stride, rows, x + (size_t)j * x_stride, n, out + (size_t)j * out_stride);
+}
+
 #endif

@@ -52,6 +52,12 @@ typedef struct {
      * all of them where the set has a tiled form (dot_f16_tile.h otherwise) */
     void (*dot_f16_tile)(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride, int nq,
                          int n, float *out, size_t out_stride);
+    /* out[j * out_stride + r] = dot_f16_rows' out[r] for x + j * x_stride, for
+     * j < nx, bit for bit: attention's V . p for several of a prompt's tokens
+     * at once, each V row widened once for all of them where the set has a
+     * tiled form. scratch: nx * n floats the kernel may overwrite. */
+    void (*dot_f16_rows_tile)(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
+                              int nx, int n, float *out, size_t out_stride, float *scratch);
     /* n: a multiple of 32 */
     float (*dot_q8_0)(const block_q8_0 *w, const block_q8_0 *x, int n);
     float (*dot_q4_0)(const block_q4_0 *w, const block_q8_0 *x, int n);

@@ -19,6 +19,11 @@ static void dot_f16_tile_avx2(const uint16_t *k, size_t k_stride, int n_pos, con
                               int nq, int n, float *out, size_t out_stride) {
     dot_f16_tile_by_pairs(dot_f16_avx2, k, k_stride, n_pos, q, q_stride, nq, n, out, out_stride);
 }
+static void dot_f16_rows_tile_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
+                                  int nx, int n, float *out, size_t out_stride, float *scratch) {
+    (void)scratch;
+    dot_f16_rows_tile_by_query(dot_f16_rows_avx2, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
+}
 static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
 static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
 
@@ -110,6 +115,7 @@ const kernels kernels_avx2_impl = {
     .dot_f16 = dot_f16_avx2,
     .dot_f16_rows = dot_f16_rows_avx2,
     .dot_f16_tile = dot_f16_tile_avx2,
+    .dot_f16_rows_tile = dot_f16_rows_tile_avx2,
     .dot_q8_0 = dot_q8_0_avx2,
     .dot_q4_0 = dot_q4_0_avx2,
     .quantize_q8_0 = quantize_q8_0_avx2,

@@ -161,6 +161,63 @@ void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const u
     for (; r0 < rows; r0++) out[r0] = f16_row(w + (size_t)r0 * row_stride, x, n, gather_ahead(&seq, r0, F16_ROWS_AHEAD));
 }
 
+/* dot_f16_rows_tile: each row's 64-element steps widened once and multiplied
+ * into the four accumulators of each of four queries (widened once a call
+ * into scratch, [4][np]), f16_steps' order for each pair; then each row's
+ * leftovers (f16_row's float products, widened exactly to double, added one by
+ * one in order) with the four queries' chains side by side in the lanes of
+ * one vector, their values transposed once a call. Rows prefetch into L2 as
+ * dot_f16_rows' do. Queries past the last group of four, and lengths under 64
+ * (nothing to share), go through dot_f16_rows. */
+enum { ROWS_TILE_QUERIES = 4 };
+
+void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
+                              int nx, int n, float *out, size_t out_stride, float *scratch) {
+    const int np = n & ~63, left = n - np;
+    const int tiled = np ? nx / ROWS_TILE_QUERIES * ROWS_TILE_QUERIES : 0;
+    const row_seq seq = row_seq_dense(w, row_stride * sizeof(uint16_t), rows, out);
+    float xt[64][ROWS_TILE_QUERIES]; /* the leftovers, column by column: [i][j] query j's x[np + i] */
+    for (int j0 = 0; j0 < tiled; j0 += ROWS_TILE_QUERIES) {
+        for (int j = 0; j < ROWS_TILE_QUERIES; j++) {
+            const uint16_t *xj = x + (size_t)(j0 + j) * x_stride;
+            for (int i = 0; i < np; i += 16) _mm512_storeu_ps(scratch + (size_t)j * np + i, load_f16x16(xj + i));
+            for (int i = 0; i < left; i++) xt[i][j] = _cvtsh_ss(xj[np + i]);
+        }
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *wr = w + (size_t)r * row_stride;
+            const char *ahead = gather_ahead(&seq, r, F16_ROWS_AHEAD);
+            __m512 acc[ROWS_TILE_QUERIES][4];
+#pragma GCC unroll 16
+            for (int j = 0; j < ROWS_TILE_QUERIES * 4; j++) acc[j / 4][j % 4] = _mm512_setzero_ps();
+            for (int i = 0; i < np; i += 64) {
+                prefetch_l2(ahead + (size_t)i * 2);
+                prefetch_l2(ahead + (size_t)i * 2 + 64);
+                __m512 wv[4];
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) wv[c] = load_f16x16(wr + i + 16 * c);
+#pragma GCC unroll 16
+                for (int j = 0; j < ROWS_TILE_QUERIES * 4; j++)
+                    acc[j / 4][j % 4] = _mm512_fmadd_ps(
+                        wv[j % 4], _mm512_loadu_ps(scratch + (size_t)(j / 4) * np + i + 16 * (j % 4)), acc[j / 4][j % 4]);
+            }
+            double head[ROWS_TILE_QUERIES];
+#pragma GCC unroll 4
+            for (int j = 0; j < ROWS_TILE_QUERIES; j++)
+                head[j] = _mm512_reduce_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][2]), _mm512_add_ps(acc[j][1], acc[j][3])));
+            __m256d sum = _mm256_loadu_pd(head);
+            for (int i = 0; i < left; i++)
+                sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm_mul_ps(_mm_set1_ps(_cvtsh_ss(wr[np + i])),
+                                                                    _mm_loadu_ps(xt[i]))));
+            const __m128 got = _mm256_cvtpd_ps(sum);
+#pragma GCC unroll 4
+            for (int j = 0; j < ROWS_TILE_QUERIES; j++) out[(size_t)(j0 + j) * out_stride + (size_t)r] = got[j];
+        }
+    }
+    dot_f16_rows_tile_by_query(dot_f16_rows_avx512, w, row_stride, rows, x + (size_t)tiled * x_stride, x_stride,
+                               nx - tiled, n, out + (size_t)tiled * out_stride, out_stride);
+}
+
 /* ggml's ggml_v_expf (AVX-512): exp to ~1.5 ulp, reproduced bit for bit */
 static __m512 ggml_expf16(__m512 x) {
     const __m512 r = _mm512_set1_ps(0x1.8p23f);
@@ -209,6 +266,7 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
     .dot_f16 = dot_f16_avx512,                  \
     .dot_f16_rows = dot_f16_rows_avx512,        \
     .dot_f16_tile = dot_f16_tile_avx512,        \
+    .dot_f16_rows_tile = dot_f16_rows_tile_avx512, \
     .quantize_q8_0 = quantize_q8_0_avx512,      \
     .f32_to_f16_row = f32_to_f16_row_avx512,    \
     .axpy_f32 = axpy_f32_avx512,                \
