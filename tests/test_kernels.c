@@ -378,6 +378,11 @@ static void test_scalar_bits(const kernels *k) {
           cases);
 }
 
+/* n F16 values from subnormal to large, so that sums of them round and cancel */
+static void fill_wide_f16(uint16_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++) v[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+}
+
 /* The same promise for the float dots: dot_f32, dot_f16 and dot_f16_rows
  * give the scalar dots' bits, every length from 1 to 200 and a few long
  * ones, magnitudes from subnormal F16 to large, so that sums round and
@@ -397,8 +402,7 @@ static void test_scalar_float_bits(const kernels *k) {
             x[i] = ldexpf(rng_value(), (int)(rng_u32() % 24) - 16);
             x16[i] = f32_to_f16(x[i]);
         }
-        for (size_t i = 0; i < stride * (size_t)rows; i++)
-            w16[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+        fill_wide_f16(w16, stride * (size_t)rows);
         bad32 += bits_differ(ref->dot_f32(w, x, len), k->dot_f32(w, x, len));
         bad16 += bits_differ(ref->dot_f16(w16, x16, len), k->dot_f16(w16, x16, len));
         float out[MAX_ROWS + 1], want[MAX_ROWS];
@@ -425,10 +429,8 @@ static void test_dot_f16_rows(const kernels *k) {
         for (int rows = 1; rows <= MAX_ROWS; rows++) {
             const int n = lengths[li];
             const size_t stride = (size_t)n + 1 + rng_u32() % 7;
-            /* magnitudes from subnormal to large, so sums round and cancel */
-            for (size_t i = 0; i < stride * (size_t)rows; i++)
-                w[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
-            for (int i = 0; i < n; i++) x[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            fill_wide_f16(w, stride * (size_t)rows);
+            fill_wide_f16(x, (size_t)n);
             out[rows] = 12345.0f;
             k->dot_f16_rows(w, stride, rows, x, n, out);
             int bad = 0;
@@ -455,10 +457,8 @@ static void test_dot_f16_tile(const kernels *k) {
         for (int qi = 0; qi < COUNT(query_counts); qi++) {
             const int n = lengths[li], nq = query_counts[qi], n_pos = 1 + (int)(rng_u32() % MAX_POS);
             const size_t k_stride = (size_t)n + rng_u32() % 5, q_stride = (size_t)n + rng_u32() % 3;
-            for (size_t i = 0; i < k_stride * (size_t)n_pos; i++)
-                keys[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
-            for (size_t i = 0; i < q_stride * (size_t)nq; i++)
-                q[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            fill_wide_f16(keys, k_stride * (size_t)n_pos);
+            fill_wide_f16(q, q_stride * (size_t)nq);
             for (int i = 0; i < COUNT(out); i++) out[i] = 12345.0f;
             k->dot_f16_tile(keys, k_stride, n_pos, q, q_stride, nq, n, out, OUT_STRIDE);
             int bad = 0, past = 0;
@@ -492,10 +492,8 @@ static void test_dot_f16_rows_tile(const kernels *k) {
         for (int qi = 0; qi < COUNT(query_counts); qi++) {
             const int n = lengths[li], nx = query_counts[qi], rows = 1 + (int)(rng_u32() % MAX_ROWS);
             const size_t w_stride = (size_t)n + rng_u32() % 6, x_stride = (size_t)n + rng_u32() % 4;
-            for (size_t i = 0; i < w_stride * (size_t)rows; i++)
-                w[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
-            for (size_t i = 0; i < x_stride * (size_t)nx; i++)
-                x[i] = f32_to_f16(ldexpf(rng_value(), (int)(rng_u32() % 24) - 16));
+            fill_wide_f16(w, w_stride * (size_t)rows);
+            fill_wide_f16(x, x_stride * (size_t)nx);
             for (int i = 0; i < COUNT(out); i++) out[i] = 12345.0f;
             k->dot_f16_rows_tile(w, w_stride, rows, x, x_stride, nx, n, out, OUT_STRIDE, scratch);
             int bad = 0, past = 0;
