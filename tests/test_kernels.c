@@ -443,48 +443,15 @@ static void test_dot_f16_rows(const kernels *k) {
         }
 }
 
-/* dot_f16_tile equals the set's own dot_f16 on every (key, query) pair, bit
- * for bit (a prompt's K . q uses the one, a decode token's the other), for
- * lengths with and without leftovers or past the tiled form's longest, and
- * query counts around its groups; nothing written past the pairs asked for */
-static void test_dot_f16_tile(const kernels *k) {
-    const int lengths[] = {8, 64, 96, 128, 256, 320};
-    const int query_counts[] = {1, 3, 4, 5, 8, 9};
-    enum { MAX_LEN = 320, MAX_POS = 37, MAX_Q = 9, OUT_STRIDE = MAX_POS + 3 };
-    static uint16_t keys[MAX_POS * (MAX_LEN + 5)], q[MAX_Q * (MAX_LEN + 3)];
-    static float out[(MAX_Q + 1) * OUT_STRIDE];
-    for (int li = 0; li < COUNT(lengths); li++)
-        for (int qi = 0; qi < COUNT(query_counts); qi++) {
-            const int n = lengths[li], nq = query_counts[qi], n_pos = 1 + (int)(rng_u32() % MAX_POS);
-            const size_t k_stride = (size_t)n + rng_u32() % 5, q_stride = (size_t)n + rng_u32() % 3;
-            fill_wide_f16(keys, k_stride * (size_t)n_pos);
-            fill_wide_f16(q, q_stride * (size_t)nq);
-            for (int i = 0; i < COUNT(out); i++) out[i] = 12345.0f;
-            k->dot_f16_tile(keys, k_stride, n_pos, q, q_stride, nq, n, out, OUT_STRIDE);
-            int bad = 0, past = 0;
-            for (int j = 0; j <= MAX_Q; j++)
-                for (int s = 0; s < OUT_STRIDE; s++) {
-                    const float got = out[j * OUT_STRIDE + s];
-                    if (j >= nq || s >= n_pos) {
-                        past += got != 12345.0f;
-                        continue;
-                    }
-                    const float want = k->dot_f16(keys + (size_t)s * k_stride, q + (size_t)j * q_stride, n);
-                    bad += memcmp(&got, &want, sizeof want) != 0;
-                }
-            CHECK(bad == 0 && past == 0, "%s dot_f16_tile n=%d queries=%d positions=%d: %d pairs differ from dot_f16, %d "
-                  "values written past them", k->name, n, nq, n_pos, bad, past);
-        }
-}
-
-/* dot_f16_rows_tile equals the set's own dot_f16_rows for every query, bit for
- * bit (a prompt's V . p uses the one, a decode token's the other), for
- * lengths around the 64-element steps and their double leftovers, query
- * counts around its groups of four and row counts around dot_f16_rows' groups
- * of eight; nothing written past the rows and queries asked for */
+/* dot_f16_rows_tile equals the set's own dot_f16_rows for every vector, bit
+ * for bit (a prompt's K . q and V . p use the one, a decode token's the
+ * other), for lengths around the sets' steps (32 and 64 elements) and the
+ * double leftovers, vector counts around the groups of two and four and row
+ * counts around dot_f16_rows' groups of eight; nothing written past the rows
+ * and vectors asked for */
 static void test_dot_f16_rows_tile(const kernels *k) {
-    const int lengths[] = {1, 32, 63, 64, 96, 127, 128, 160, 1000};
-    const int query_counts[] = {1, 3, 4, 5, 8, 9};
+    const int lengths[] = {1, 8, 32, 63, 64, 96, 127, 128, 160, 256, 1000};
+    const int query_counts[] = {1, 2, 3, 4, 5, 8, 9};
     enum { MAX_LEN = 1000, MAX_ROWS = 17, MAX_Q = 9, OUT_STRIDE = MAX_ROWS + 2 };
     static uint16_t w[MAX_ROWS * (MAX_LEN + 6)], x[MAX_Q * (MAX_LEN + 4)];
     static float out[(MAX_Q + 1) * OUT_STRIDE], scratch[MAX_Q * MAX_LEN];
@@ -619,7 +586,6 @@ int main(void) {
             test_scalar_float_bits(sets[i]);
         }
         test_dot_f16_rows(sets[i]);
-        test_dot_f16_tile(sets[i]);
         test_dot_f16_rows_tile(sets[i]);
         test_activation_kernels(sets[i]);
         test_silu_mul_split(sets[i]);

@@ -189,7 +189,7 @@ static void check_model(const char *name, const oracle_case *oc) {
 }
 
 /* Heads of 64 (the oracle models' are 32 and 8): the tiled K . q the prompt
- * pass runs a few tokens at a time (kernels' dot_f16_tile) against decode's
+ * pass runs a few tokens at a time (kernels' dot_f16_rows_tile) against decode's
  * one dot a pair, with grouped heads, runs of tokens across blocks of 7 and a
  * last run shorter than the others: Q8_0 weights, the same bits. */
 static void check_wide_heads(const char *dir) {

@@ -196,14 +196,14 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
 }
 
 void attention_head_tokens(const kernels *k, const model *m, const kv_layer *kv, long h, const uint16_t *q16,
-                           int pos0, int n_tok, float *scores, uint16_t *probs16, float *out) {
+                           int pos0, int n_tok, float *scores, uint16_t *probs16, float *widened, float *out) {
     const int hd = m->head_dim, D = m->n_head * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     const uint16_t *keys = kv->k + (size_t)(h / (m->n_head / m->n_head_kv)) * hd;
     /* every token's scores over the last one's positions: the few past a
      * token's own are left unread */
-    k->dot_f16_tile(keys, (size_t)kv->kv_dim, pos0 + n_tok, q16 + (size_t)h * hd, (size_t)D, n_tok, hd, scores,
-                    (size_t)kv->n_ctx);
+    k->dot_f16_rows_tile(keys, (size_t)kv->kv_dim, pos0 + n_tok, q16 + (size_t)h * hd, (size_t)D, n_tok, hd, scores,
+                         (size_t)kv->n_ctx, widened);
     for (int j = 0; j < n_tok; j++) {
         const int T = pos0 + j + 1;
         float *sc = scores + (size_t)j * kv->n_ctx;

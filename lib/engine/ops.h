@@ -64,12 +64,12 @@ void attention_heads(const kernels *k, const model *m, const kv_layer *kv, const
 
 /* attention_heads' bits for head h of the n_tok prompt tokens at positions
  * pos0 .. pos0 + n_tok - 1 (each attending to 0 .. its own; every key up to
- * the last stored), each key read once for all of them (kernels'
- * dot_f16_tile). q16 / out: the first token's query heads / output
- * [n_head * head_dim], each next token's right after; scores / probs16:
- * scratch of n_tok * n_ctx. */
+ * the last stored), each key and value row read once for all of them
+ * (kernels' dot_f16_rows_tile). q16 / out: the first token's query heads /
+ * output [n_head * head_dim], each next token's right after; scores /
+ * probs16: scratch of n_tok * n_ctx; widened: of n_tok * head_dim. */
 void attention_head_tokens(const kernels *k, const model *m, const kv_layer *kv, long h, const uint16_t *q16,
-                           int pos0, int n_tok, float *scores, uint16_t *probs16, float *out);
+                           int pos0, int n_tok, float *scores, uint16_t *probs16, float *widened, float *out);
 
 /* The same for the token at pos of a prompt batch at positions 0..n_batch-1
  * (all in kv), as llama.cpp computes it: over the batch's KV length, with the

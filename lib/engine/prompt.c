@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define ATTN_TOKENS 8 /* prompt tokens whose attention to one head runs at once */
+
 struct prompt_pass {
     const model *m;
     const kernels *k;
@@ -35,6 +37,7 @@ struct prompt_pass {
     float *fired_h;  /* [n_threads][n_ff]: their activations */
     float *scores;   /* [n_threads][n_head][n_ctx] */
     uint16_t *probs16;
+    float *widened;  /* [n_threads][ATTN_TOKENS][head_dim]: a run's queries, widened for K . q */
     float *logits_in; /* [n_embd]: the last token normalized for the output matrix */
 };
 
@@ -307,9 +310,9 @@ static void values_worker(void *ctx, int ith, int nth) {
 
 /* Causal attention: token t attends to positions 0 .. first + t, all stored
  * before this runs. Work goes out as (head, run of ATTN_TOKENS tokens): a
- * run reads each key once for all its tokens (attention_head_tokens). Runs
- * are dealt round-robin because later tokens cost more. */
-#define ATTN_TOKENS 8
+ * run reads each key and value row once for all its tokens
+ * (attention_head_tokens). Runs are dealt round-robin because later tokens
+ * cost more. */
 
 static void attention_worker(void *ctx, int ith, int nth) {
     token_job *j = ctx;
@@ -318,12 +321,13 @@ static void attention_worker(void *ctx, int ith, int nth) {
     const size_t per_thread = (size_t)m->n_head * (size_t)p->n_ctx;
     float *scores = p->scores + (size_t)ith * per_thread;
     uint16_t *probs16 = p->probs16 + (size_t)ith * per_thread;
+    float *widened = p->widened + (size_t)ith * ATTN_TOKENS * (size_t)m->head_dim;
     const int run = m->n_head < ATTN_TOKENS ? m->n_head : ATTN_TOKENS; /* the scratch holds n_head rows */
     const long runs = (j->n_tok + run - 1) / run, units = runs * m->n_head;
     for (long i = ith; i < units; i += nth) {
         const int t = (int)(i / m->n_head) * run, n = j->n_tok - t < run ? j->n_tok - t : run;
         attention_head_tokens(p->k, m, &j->kv, i % m->n_head, p->q16 + (size_t)t * m->n_embd, j->first + t, n,
-                              scores, probs16, row_of(p->att, t, m->n_embd));
+                              scores, probs16, widened, row_of(p->att, t, m->n_embd));
     }
 }
 
@@ -430,7 +434,7 @@ static pass_dims dims_of(const model *m, int max_tok, int n_ctx, int n_threads) 
     X(rope_cs, d.T * d.hd) X(att, d.T * d.ne) X(gate, d.T * d.nf) X(up, d.T * d.nf)                \
     X(proj, d.T * d.ne) X(in, d.T) X(in_f16, d.T * d.wide) X(in_q8, d.T * d.q8_blocks) X(scores, d.nth * d.att)     \
     X(probs16, d.nth * d.att) X(logits_in, d.ne) X(scratch, d.nth) X(fired, d.nth * d.nf)                         \
-    X(fired_h, d.nth * d.nf) X(x32, d.T) X(x16, d.T)
+    X(fired_h, d.nth * d.nf) X(x32, d.T) X(x16, d.T) X(widened, d.nth * ATTN_TOKENS * d.hd)
 
 size_t prompt_pass_bytes(const model *m, int max_tok, int n_ctx, int n_threads) {
     const pass_dims d = dims_of(m, max_tok, n_ctx, n_threads);

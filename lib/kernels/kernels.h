@@ -46,16 +46,11 @@ typedef struct {
      * Faster than one call a row where dot_f16 ends in a serial chain (the
      * avx512 sets' double leftovers): the rows' chains run side by side. */
     void (*dot_f16_rows)(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out);
-    /* out[j * out_stride + s] = dot_f16(k + s * k_stride, q + j * q_stride, n)
-     * for s < n_pos and j < nq (strides in elements), bit for bit: attention's
-     * K . q for several of a prompt's tokens at once, each key widened once for
-     * all of them where the set has a tiled form (dot_f16_tile.h otherwise) */
-    void (*dot_f16_tile)(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride, int nq,
-                         int n, float *out, size_t out_stride);
-    /* out[j * out_stride + r] = dot_f16_rows' out[r] for x + j * x_stride, for
-     * j < nx, bit for bit: attention's V . p for several of a prompt's tokens
-     * at once, each V row widened once for all of them where the set has a
-     * tiled form. scratch: nx * n floats the kernel may overwrite. */
+    /* out[j * out_stride + r] = dot_f16(w + r * row_stride, x + j * x_stride, n)
+     * for r < rows and j < nx (strides in elements), bit for bit: attention's
+     * K . q and V . p for several of a prompt's tokens at once, each row
+     * widened once for all of them where the set has a tiled form
+     * (dot_f16_rows_tile.h otherwise). scratch: nx * n floats it may overwrite. */
     void (*dot_f16_rows_tile)(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
                               int nx, int n, float *out, size_t out_stride, float *scratch);
     /* n: a multiple of 32 */

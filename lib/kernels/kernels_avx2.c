@@ -3,7 +3,7 @@
  * are bit-exact with the scalar reference; dot products differ only in float
  * summation order. */
 #include "gguf/f16.h"
-#include "kernels/dot_f16_tile.h"
+#include "kernels/dot_f16_rows_tile.h"
 #include "kernels/kernels_avx2.h"
 
 /* the rows are kernels_avx2.h's, which the sparse gathers share */
@@ -14,15 +14,46 @@ static float dot_f16_avx2(const uint16_t *w, const uint16_t *x, int n) { return 
 static void dot_f16_rows_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out) {
     for (int r = 0; r < rows; r++) out[r] = f16_row(w + (size_t)r * row_stride, x, n, NULL);
 }
-/* pair by pair: a key's 32-element steps are few beside the sums (not measured tiled) */
-static void dot_f16_tile_avx2(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride,
-                              int nq, int n, float *out, size_t out_stride) {
-    dot_f16_tile_by_pairs(dot_f16_avx2, k, k_stride, n_pos, q, q_stride, nq, n, out, out_stride);
-}
+/* dot_f16_rows_tile: each row's 32-element steps widened once and multiplied
+ * into the four accumulators of each of two vectors (widened once a call into
+ * scratch, [2][n]), float_row's order for each pair (the row is its w; a
+ * product's operands swap without changing its bits): 8 accumulators and a
+ * step's 4 row vectors of the 16 registers. Each row prefetches into L2 the
+ * row ROWS_TILE_AHEAD further. Lengths that are not a multiple of 32 (float_row's
+ * 8-element steps and float tail), and a last odd vector, go through f16_row. */
+enum { ROWS_TILE_VECTORS = 2, ROWS_TILE_AHEAD = 4 };
+
 static void dot_f16_rows_tile_avx2(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
-                                  int nx, int n, float *out, size_t out_stride, float *scratch) {
-    (void)scratch;
-    dot_f16_rows_tile_by_query(dot_f16_rows_avx2, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
+                                   int nx, int n, float *out, size_t out_stride, float *scratch) {
+    const int tiled = n % 32 || n == 0 ? 0 : nx / ROWS_TILE_VECTORS * ROWS_TILE_VECTORS;
+    for (int j0 = 0; j0 < tiled; j0 += ROWS_TILE_VECTORS) {
+        for (int j = 0; j < ROWS_TILE_VECTORS; j++)
+            for (int i = 0; i < n; i += 8)
+                _mm256_storeu_ps(scratch + (size_t)j * n + i, load_f16x8(x + (size_t)(j0 + j) * x_stride + i));
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *wr = w + (size_t)r * row_stride;
+            const char *ahead = r + ROWS_TILE_AHEAD < rows ? (const char *)(wr + ROWS_TILE_AHEAD * row_stride) : NULL;
+            __m256 acc[ROWS_TILE_VECTORS][4];
+#pragma GCC unroll 8
+            for (int j = 0; j < ROWS_TILE_VECTORS * 4; j++) acc[j / 4][j % 4] = _mm256_setzero_ps();
+            for (int i = 0; i < n; i += 32) {
+                prefetch_l2(ahead, (size_t)i * 2);
+                __m256 wv[4];
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) wv[c] = load_f16x8(wr + i + 8 * c);
+#pragma GCC unroll 8
+                for (int j = 0; j < ROWS_TILE_VECTORS * 4; j++)
+                    acc[j / 4][j % 4] = _mm256_fmadd_ps(
+                        wv[j % 4], _mm256_loadu_ps(scratch + (size_t)(j / 4) * n + i + 8 * (j % 4)), acc[j / 4][j % 4]);
+            }
+#pragma GCC unroll 2
+            for (int j = 0; j < ROWS_TILE_VECTORS; j++)
+                out[(size_t)(j0 + j) * out_stride + (size_t)r] =
+                    hsum256(_mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
+        }
+    }
+    dot_f16_rows_tile_by_vector(dot_f16_rows_avx2, w, row_stride, rows, x + (size_t)tiled * x_stride, x_stride,
+                                nx - tiled, n, out + (size_t)tiled * out_stride, out_stride);
 }
 static float dot_q8_0_avx2(const block_q8_0 *w, const block_q8_0 *x, int n) { return q8_0_row(w, x, n, NULL); }
 static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { return q4_0_row(w, x, n, NULL); }
@@ -114,7 +145,6 @@ const kernels kernels_avx2_impl = {
     .dot_f32 = dot_f32_avx2,
     .dot_f16 = dot_f16_avx2,
     .dot_f16_rows = dot_f16_rows_avx2,
-    .dot_f16_tile = dot_f16_tile_avx2,
     .dot_f16_rows_tile = dot_f16_rows_tile_avx2,
     .dot_q8_0 = dot_q8_0_avx2,
     .dot_q4_0 = dot_q4_0_avx2,

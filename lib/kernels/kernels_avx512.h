@@ -97,8 +97,6 @@ void axpy_f32_avx512(float *y, float a, const float *w, int n);
 float dot_f32_avx512(const float *w, const float *x, int n);
 float dot_f16_avx512(const uint16_t *w, const uint16_t *x, int n);
 void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, int n, float *out);
-void dot_f16_tile_avx512(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride, int nq,
-                         int n, float *out, size_t out_stride);
 void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
                               int nx, int n, float *out, size_t out_stride, float *scratch);
 double softmax_exp_avx512(float *y, const float *x, float max, int n);

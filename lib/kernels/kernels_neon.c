@@ -29,7 +29,7 @@
 #include "kernels/kernels_neon.h"
 
 #include "gguf/f16.h"
-#include "kernels/dot_f16_tile.h"
+#include "kernels/dot_f16_rows_tile.h"
 #include "kernels/kernels.h"
 
 /* the products of four elements, added to the sum one by one in order */
@@ -53,15 +53,10 @@ static void dot_f16_rows_neon(const uint16_t *w, size_t row_stride, int rows, co
     float_seq(&s, x, n, true);
 }
 
-/* pair by pair: dot_f16_neon's serial sum, not its loads, sets its pace */
-static void dot_f16_tile_neon(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride, int nq,
-                              int n, float *out, size_t out_stride) {
-    dot_f16_tile_by_pairs(dot_f16_neon, k, k_stride, n_pos, q, q_stride, nq, n, out, out_stride);
-}
 static void dot_f16_rows_tile_neon(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
                                   int nx, int n, float *out, size_t out_stride, float *scratch) {
     (void)scratch;
-    dot_f16_rows_tile_by_query(dot_f16_rows_neon, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
+    dot_f16_rows_tile_by_vector(dot_f16_rows_neon, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
 }
 
 /* The gemvs prefetch into L2 the row two ahead as they read (as the AVX2 set's). */
@@ -129,7 +124,7 @@ static void axpy_f32_neon(float *y, float a, const float *w, int n) {
 #define NEON_SET(NAME, SUFFIX, SPARSE, GEMM_Q4_0)                                                             \
     {                                                                                                          \
         .name = NAME, .dot_f32 = dot_f32_ref, .dot_f16 = dot_f16_neon, .dot_f16_rows = dot_f16_rows_neon,     \
-        .dot_f16_tile = dot_f16_tile_neon, .dot_f16_rows_tile = dot_f16_rows_tile_neon,                          \
+        .dot_f16_rows_tile = dot_f16_rows_tile_neon,                                                            \
         .dot_q8_0 = dot_q8_0_##SUFFIX, .dot_q4_0 = dot_q4_0_##SUFFIX, .quantize_q8_0 = quantize_q8_0_neon,     \
         .f32_to_f16_row = f32_to_f16_row_neon, .axpy_f32 = axpy_f32_neon, .gemv_q4_0 = gemv_q4_0_##SUFFIX,    \
         .gemm_q4_0 = GEMM_Q4_0, .gemm_f32 = gemm_f32_neon, .gemm_f16 = gemm_f16_neon,                         \

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "gguf/f16.h"
-#include "kernels/dot_f16_tile.h"
+#include "kernels/dot_f16_rows_tile.h"
 #include "kernels/kernels.h"
 
 static float load_f16(const void *p) {
@@ -36,14 +36,10 @@ static void dot_f16_rows_scalar(const uint16_t *w, size_t row_stride, int rows, 
     for (int r = 0; r < rows; r++) out[r] = dot_f16_scalar(w + (size_t)r * row_stride, x, n);
 }
 
-static void dot_f16_tile_scalar(const uint16_t *k, size_t k_stride, int n_pos, const uint16_t *q, size_t q_stride,
-                                int nq, int n, float *out, size_t out_stride) {
-    dot_f16_tile_by_pairs(dot_f16_scalar, k, k_stride, n_pos, q, q_stride, nq, n, out, out_stride);
-}
 static void dot_f16_rows_tile_scalar(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
                                   int nx, int n, float *out, size_t out_stride, float *scratch) {
     (void)scratch;
-    dot_f16_rows_tile_by_query(dot_f16_rows_scalar, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
+    dot_f16_rows_tile_by_vector(dot_f16_rows_scalar, w, row_stride, rows, x, x_stride, nx, n, out, out_stride);
 }
 
 static float dot_q8_0_scalar(const block_q8_0 *w, const block_q8_0 *x, int n) {
@@ -198,7 +194,6 @@ const kernels kernels_scalar_impl = {
     .dot_f32 = dot_f32_ref,
     .dot_f16 = dot_f16_scalar,
     .dot_f16_rows = dot_f16_rows_scalar,
-    .dot_f16_tile = dot_f16_tile_scalar,
     .dot_f16_rows_tile = dot_f16_rows_tile_scalar,
     .dot_q8_0 = dot_q8_0_scalar,
     .dot_q4_0 = dot_q4_0_scalar,
