@@ -313,7 +313,6 @@ static void values_worker(void *ctx, int ith, int nth) {
  * run reads each key and value row once for all its tokens
  * (attention_head_tokens). Runs are dealt round-robin because later tokens
  * cost more. */
-
 static void attention_worker(void *ctx, int ith, int nth) {
     token_job *j = ctx;
     prompt_pass *p = j->p;
