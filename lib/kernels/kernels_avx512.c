@@ -129,16 +129,16 @@ void dot_f16_rows_avx512(const uint16_t *w, size_t row_stride, int rows, const u
  * a pass measured 0.82x). Rows prefetch into L2 as dot_f16_rows' do. Vectors
  * past the last group of four, and lengths under 64 (nothing to share), go
  * through dot_f16_rows. */
-enum { ROWS_TILE_QUERIES = 4 };
+enum { ROWS_TILE_VECTORS = 4 };
 
 void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, const uint16_t *x, size_t x_stride,
                               int nx, int n, float *out, size_t out_stride, float *scratch) {
     const int np = n & ~63, left = n - np;
-    const int tiled = np ? nx / ROWS_TILE_QUERIES * ROWS_TILE_QUERIES : 0;
+    const int tiled = np ? nx / ROWS_TILE_VECTORS * ROWS_TILE_VECTORS : 0;
     const row_seq seq = row_seq_dense(w, row_stride * sizeof(uint16_t), rows, out);
-    float xt[64][ROWS_TILE_QUERIES]; /* the leftovers, column by column: [i][j] query j's x[np + i] */
-    for (int j0 = 0; j0 < tiled; j0 += ROWS_TILE_QUERIES) {
-        for (int j = 0; j < ROWS_TILE_QUERIES; j++) {
+    float xt[64][ROWS_TILE_VECTORS]; /* the leftovers, column by column: [i][j] vector j's x[np + i] */
+    for (int j0 = 0; j0 < tiled; j0 += ROWS_TILE_VECTORS) {
+        for (int j = 0; j < ROWS_TILE_VECTORS; j++) {
             const uint16_t *xj = x + (size_t)(j0 + j) * x_stride;
             for (int i = 0; i < np; i += 16) _mm512_storeu_ps(scratch + (size_t)j * np + i, load_f16x16(xj + i));
             for (int i = 0; i < left; i++) xt[i][j] = _cvtsh_ss(xj[np + i]);
@@ -146,9 +146,9 @@ void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, co
         for (int r = 0; r < rows; r++) {
             const uint16_t *wr = w + (size_t)r * row_stride;
             const char *ahead = gather_ahead(&seq, r, F16_ROWS_AHEAD);
-            __m512 acc[ROWS_TILE_QUERIES][4];
+            __m512 acc[ROWS_TILE_VECTORS][4];
 #pragma GCC unroll 16
-            for (int j = 0; j < ROWS_TILE_QUERIES * 4; j++) acc[j / 4][j % 4] = _mm512_setzero_ps();
+            for (int j = 0; j < ROWS_TILE_VECTORS * 4; j++) acc[j / 4][j % 4] = _mm512_setzero_ps();
             for (int i = 0; i < np; i += 64) {
                 prefetch_l2(ahead + (size_t)i * 2);
                 prefetch_l2(ahead + (size_t)i * 2 + 64);
@@ -156,13 +156,13 @@ void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, co
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) wv[c] = load_f16x16(wr + i + 16 * c);
 #pragma GCC unroll 16
-                for (int j = 0; j < ROWS_TILE_QUERIES * 4; j++)
+                for (int j = 0; j < ROWS_TILE_VECTORS * 4; j++)
                     acc[j / 4][j % 4] = _mm512_fmadd_ps(
                         wv[j % 4], _mm512_loadu_ps(scratch + (size_t)(j / 4) * np + i + 16 * (j % 4)), acc[j / 4][j % 4]);
             }
-            double head[ROWS_TILE_QUERIES];
+            double head[ROWS_TILE_VECTORS];
 #pragma GCC unroll 4
-            for (int j = 0; j < ROWS_TILE_QUERIES; j++)
+            for (int j = 0; j < ROWS_TILE_VECTORS; j++)
                 head[j] = _mm512_reduce_add_ps(
                     _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][2]), _mm512_add_ps(acc[j][1], acc[j][3])));
             __m256d sum = _mm256_loadu_pd(head);
@@ -171,7 +171,7 @@ void dot_f16_rows_tile_avx512(const uint16_t *w, size_t row_stride, int rows, co
                                                                     _mm_loadu_ps(xt[i]))));
             const __m128 got = _mm256_cvtpd_ps(sum);
 #pragma GCC unroll 4
-            for (int j = 0; j < ROWS_TILE_QUERIES; j++) out[(size_t)(j0 + j) * out_stride + (size_t)r] = got[j];
+            for (int j = 0; j < ROWS_TILE_VECTORS; j++) out[(size_t)(j0 + j) * out_stride + (size_t)r] = got[j];
         }
     }
     dot_f16_rows_tile_by_vector(dot_f16_rows_avx512, w, row_stride, rows, x + (size_t)tiled * x_stride, x_stride,
