@@ -451,13 +451,13 @@ static void test_dot_f16_rows(const kernels *k) {
  * and vectors asked for */
 static void test_dot_f16_rows_tile(const kernels *k) {
     const int lengths[] = {1, 8, 32, 63, 64, 96, 127, 128, 160, 256, 1000};
-    const int query_counts[] = {1, 2, 3, 4, 5, 8, 9};
+    const int vector_counts[] = {1, 2, 3, 4, 5, 8, 9};
     enum { MAX_LEN = 1000, MAX_ROWS = 17, MAX_Q = 9, OUT_STRIDE = MAX_ROWS + 2 };
     static uint16_t w[MAX_ROWS * (MAX_LEN + 6)], x[MAX_Q * (MAX_LEN + 4)];
     static float out[(MAX_Q + 1) * OUT_STRIDE], scratch[MAX_Q * MAX_LEN];
     for (int li = 0; li < COUNT(lengths); li++)
-        for (int qi = 0; qi < COUNT(query_counts); qi++) {
-            const int n = lengths[li], nx = query_counts[qi], rows = 1 + (int)(rng_u32() % MAX_ROWS);
+        for (int qi = 0; qi < COUNT(vector_counts); qi++) {
+            const int n = lengths[li], nx = vector_counts[qi], rows = 1 + (int)(rng_u32() % MAX_ROWS);
             const size_t w_stride = (size_t)n + rng_u32() % 6, x_stride = (size_t)n + rng_u32() % 4;
             fill_wide_f16(w, w_stride * (size_t)rows);
             fill_wide_f16(x, x_stride * (size_t)nx);
@@ -473,7 +473,7 @@ static void test_dot_f16_rows_tile(const kernels *k) {
                     else bad += memcmp(&got, &want[r], sizeof got) != 0;
                 }
             }
-            CHECK(bad == 0 && past == 0, "%s dot_f16_rows_tile n=%d queries=%d rows=%d: %d values differ from "
+            CHECK(bad == 0 && past == 0, "%s dot_f16_rows_tile n=%d vectors=%d rows=%d: %d values differ from "
                   "dot_f16_rows, %d written past them", k->name, n, nx, rows, bad, past);
         }
 }

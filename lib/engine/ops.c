@@ -145,9 +145,12 @@ static void head_probs(const kernels *k, int T, int n_kv, float *sc, uint16_t *p
     memset(p16 + T, 0, sizeof(uint16_t) * (size_t)(n_kv - T));
 }
 
+/* the KV head query head h reads (grouped-query attention) */
+static long kv_head(const model *m, long h) { return h / (m->n_head / m->n_head_kv); }
+
 /* head h's values: row d of V (transposed), dimension d over time */
 static const uint16_t *head_value_rows(const model *m, const kv_layer *kv, long h) {
-    return kv->v + (size_t)(h / (m->n_head / m->n_head_kv)) * (size_t)m->head_dim * (size_t)kv->n_ctx;
+    return kv->v + (size_t)kv_head(m, h) * (size_t)m->head_dim * (size_t)kv->n_ctx;
 }
 
 /* Head h's probabilities (head_probs) and out[d] = V . p over n_kv (in
@@ -170,7 +173,7 @@ static void head_values(const kernels *k, const tinyblas_kernels *tb, const mode
 void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_batch, const model *m,
                            const kv_layer *kv, const uint16_t *q16, int pos, float *scores, uint16_t *probs16,
                            float *out, long h0, long h1) {
-    int hd = m->head_dim, group = m->n_head / m->n_head_kv, T = pos + 1;
+    int hd = m->head_dim, T = pos + 1;
     int n_kv = padded_kv_len(n_batch > T ? n_batch : T, kv->n_ctx);
     /* K . q: n_kv x head_dim by n_batch; V . p: head_dim x n_kv by n_batch */
     typedef float (*dot_f16_fn)(const uint16_t *, const uint16_t *, int);
@@ -181,14 +184,14 @@ void attention_heads_batch(const kernels *k, const tinyblas_kernels *tb, int n_b
      * the heads are one contiguous read, where a head's keys alone are
      * head_dim values every kv_dim, which streams from memory 2-4x slower
      * (tools/kernel-bench's attention section). */
-    const size_t key_first = (size_t)(h0 / group) * hd; /* the heads' keys within a position's row */
-    const size_t key_bytes = h0 < h1 ? ((size_t)((h1 - 1) / group + 1) * hd - key_first) * sizeof(uint16_t) : 0;
+    const size_t key_first = (size_t)kv_head(m, h0) * hd; /* the heads' keys within a position's row */
+    const size_t key_bytes = h0 < h1 ? ((size_t)(kv_head(m, h1 - 1) + 1) * hd - key_first) * sizeof(uint16_t) : 0;
     for (int t = 0; t < T; t++) {
         if (t + KQ_AHEAD < T) prefetch_keys(kv, t + KQ_AHEAD, key_first, key_bytes);
         const uint16_t *keys = kv->k + (size_t)t * kv->kv_dim;
         for (long h = h0; h < h1; h++)
             scores[(size_t)h * kv->n_ctx + (size_t)t] =
-                kq_dot(keys + (size_t)(h / group) * hd, q16 + (size_t)h * hd, hd) * scale;
+                kq_dot(keys + (size_t)kv_head(m, h) * hd, q16 + (size_t)h * hd, hd) * scale;
     }
     for (long h = h0; h < h1; h++)
         head_values(k, vp_tinyblas ? tb : NULL, m, kv, h, T, n_kv, scores + (size_t)h * kv->n_ctx,
@@ -199,7 +202,7 @@ void attention_head_tokens(const kernels *k, const model *m, const kv_layer *kv,
                            int pos0, int n_tok, float *scores, uint16_t *probs16, float *widened, float *out) {
     const int hd = m->head_dim, D = m->n_head * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    const uint16_t *keys = kv->k + (size_t)(h / (m->n_head / m->n_head_kv)) * hd;
+    const uint16_t *keys = kv->k + (size_t)kv_head(m, h) * hd;
     /* every token's scores over the last one's positions: the few past a
      * token's own are left unread */
     k->dot_f16_rows_tile(keys, (size_t)kv->kv_dim, pos0 + n_tok, q16 + (size_t)h * hd, (size_t)D, n_tok, hd, scores,
