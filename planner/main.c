@@ -36,7 +36,8 @@ static void usage(FILE *f) {
             "                          refused if that is more than the budget)\n"
             "  -c, --config FILE       the stack config the plan is for (default: configs/default.conf's)\n"
             "  -f, --prompts FILE      more calibration prompts, one per line, after the built-in ones\n"
-            "  -n, --tokens N          calibration tokens (default 1024)\n"
+            "  -n, --tokens N          calibration tokens (default 1024), at most what the prompts give\n"
+            "                          (the built-in ones about a thousand; -f for more)\n"
             "      --ctx N             context the KV cache is sized for (default 1024, as pi2 up)\n"
             "      --mode MODE         predictor or gate-first (default: predictor if MODEL has one or\n"
             "                          --predictor is given)\n"
@@ -97,7 +98,10 @@ static int parse_args(plan_options *o, int argc, char **argv) {
         case 'o': o->out_dir = optarg; break;
         case 'c': o->conf_path = optarg; break;
         case 'f': o->prompts_path = optarg; break;
-        case 'n': bad = cli_parse_int(optarg, "--tokens", 16, 1 << 20, &o->tokens); break;
+        case 'n':
+            bad = cli_parse_int(optarg, "--tokens", 16, 1 << 20, &o->tokens);
+            o->tokens_given = true;
+            break;
         case 't': bad = cli_parse_int(optarg, "--threads", 1, 1024, &o->threads); break;
         case 1: bad = parse_budget(optarg, &o->budget); break;
         case 2: bad = cli_parse_double(optarg, "--target-speed", 1e-6, 1e6, &o->target); break;

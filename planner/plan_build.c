@@ -156,6 +156,9 @@ static int model_profile_step(planning *pl) {
         return -1;
     }
     progress_end(&p);
+    if (pl->o->tokens_given && pl->prof.n_tokens < pl->o->tokens)
+        log_warn("model profile: the prompts ran out at %d of the %d calibration tokens asked; -f FILE gives more "
+                 "(one prompt a line)", pl->prof.n_tokens, pl->o->tokens);
     if (model_profile_save(&pl->prof, &pl->m, pl->o->model_path, path, err, sizeof err)) {
         log_error("%s", err);
         return -1;

@@ -17,6 +17,7 @@ typedef struct {
     int tokens, ctx, threads;
     ffn_mode mode;
     bool mode_given, reprofile;
+    bool tokens_given; /* -n: say so if the prompts run out before it */
 } plan_options;
 
 /* 0, or -1 after logging why. */

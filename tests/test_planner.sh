@@ -7,6 +7,7 @@
 #     a stack config's max-prefill is kept;
 #   - a budget under the model's floor is refused with the floor named; so is a
 #     target speed the whole model in memory does not reach;
+#   - -n past the calibration tokens the prompts give names the shortfall;
 #   - --target-speed finds a budget whose prediction reaches it, and a budget
 #     1 MiB smaller does not;
 #   - a second run reuses the model profile and the bundle file; the same
@@ -80,6 +81,13 @@ st=$?
 [ $st -eq 1 ] && grep -q "this model needs at least .* GB .*; 0.05 GB was given" "$TMP/low.err"
 check "a budget under the floor is refused with the floor named" $?
 [ ! -e "$TMP/low/plan.pb" ]; check "no plan is written under the floor" $?
+
+# calibration tokens: -n past what the prompts give is named, the default is not
+"${PLAN[@]}" -m "$TMP/m.pwri" --mem-budget 150M -n 100000 -o "$TMP/many" >/dev/null 2>"$TMP/many.err"
+st=$?
+[ $st -eq 0 ] && grep -q "the prompts ran out at [0-9]* of the 100000 calibration tokens asked; -f FILE" "$TMP/many.err"
+check "-n past what the prompts give: planned, the shortfall named" $?
+! grep -q "ran out" "$TMP/p1.err"; check "the default -n says nothing of it" $?
 
 # the target speed (half the in-memory prediction, whatever this machine measured): reached at the
 # budget found, not 1 MiB below
