@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "stack/bundle_ring.h"
 #include "stack/bus.h"
+#include "stack/doorbell.h"
 #include "stack/cache_sim.h"
 #include "stack/msg.h"
 #include "stack/neuron_cache.h"
@@ -37,9 +39,16 @@ struct ffn_offload {
     ncache *cache;
     bus_ctx *ctx;
     bus_socket *sock;
+    bundle_ring *ring;           /* our batches to the io-worker, answered there; NULL: the bus only */
+    int bell_fd;                 /* rung after queueing while the io-worker sleeps */
+    uint64_t ring_resets;        /* the ring's resets when the last batch was queued */
+    uint64_t ring_bytes;         /* the ring's bytes counted into stats so far */
     uint64_t seq, batch_id;      /* the last batch sent */
+    bool sent_in_ring;           /* how the last batch went */
     uint64_t awaited;            /* the batch whose answer the FFN step waits for */
+    bool awaited_in_ring;
     uint64_t ahead_batch;        /* the batch asked for ahead of this layer, while unanswered; else 0 */
+    bool ahead_in_ring;
     msg_limits lim;
     /* one layer's working state */
     int32_t *at;                 /* [n_ff]: the neurons' places (ffn_rows.at) */
@@ -128,6 +137,7 @@ static int attach_lent(ffn_offload *o, const char *seg_name) {
 ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char *name, int index, bool realtime_io) {
     ffn_offload *o = calloc(1, sizeof *o);
     if (!o) return NULL;
+    o->bell_fd = -1;
     o->sv = sv;
     o->m = &sv->m;
     o->off = &sv->off;
@@ -169,6 +179,12 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         log_error("connecting to the io-worker: %s", bus_last_error());
         goto fail;
     }
+    if (index >= STACK_MAX_CPU_WORKERS || (o->bell_fd = doorbell_open(runid, err, sizeof err)) < 0) {
+        log_warn("bundle loads over the bus only: %s", index >= STACK_MAX_CPU_WORKERS ? "no ring for this worker" : err);
+    } else {
+        o->ring = &sv->ctl->bundle_rings[index];
+        o->ring_bytes = atomic_load(&o->ring->bytes);
+    }
     const size_t n_ff = (size_t)o->m->n_ff, n_b = (size_t)o->off->n_bundles, n_c = (size_t)ffn_chunk_count(o->m);
     int bad = 0;
     o->at = calloc_flagged(n_ff, sizeof *o->at, &bad);
@@ -207,6 +223,7 @@ void ffn_offload_free(ffn_offload *o) {
     if (!o) return;
     bus_close(o->sock);
     bus_ctx_free(o->ctx);
+    if (o->bell_fd >= 0) close(o->bell_fd);
     ncache_detach(o->cache);
     shm_detach(o->seg);
     if (o->trace) fclose(o->trace);
@@ -381,10 +398,23 @@ static void compute_landed(ffn_offload *o, job *j, int32_t *waiting, int *n_wait
 
 /* ---- the misses, read by the io-worker ---- */
 
-/* Asks the io-worker for layer l's bundles[0..n) as batch ++batch_id. */
+/* Asks the io-worker for layer l's bundles[0..n) as batch ++batch_id: in
+ * the ring when it has room (the doorbell rung if the io-worker sleeps),
+ * else over the bus. */
 static int send_load(ffn_offload *o, int l, uint32_t *bundles, int n) {
+    ++o->batch_id;
+    if (o->ring) {
+        const uint64_t resets = atomic_load(&o->ring->resets);
+        if (bundle_ring_push(o->ring, o->batch_id, (uint32_t)l, bundles, (uint32_t)n) == 0) {
+            o->ring_resets = resets;
+            o->sent_in_ring = true;
+            if (atomic_load(&o->sv->ctl->io_sleeping)) doorbell_ring(o->bell_fd);
+            return 0;
+        }
+    }
+    o->sent_in_ring = false;
     Pi2__BundleLoad body = PI2__BUNDLE_LOAD__INIT;
-    body.batch_id = ++o->batch_id;
+    body.batch_id = o->batch_id;
     body.layer = (uint32_t)l;
     body.n_bundles = (size_t)n;
     body.bundles = bundles;
@@ -444,8 +474,14 @@ static int take_reply(ffn_offload *o, const struct bus_msg *bm, char *err, size_
     return rc;
 }
 
-/* Counts the answers that came in to batches nobody waits for (asked for ahead). */
+/* Counts the answers that came in to batches nobody waits for (asked for ahead), and the bytes read for
+ * the batches answered in the ring. */
 static void drain_replies(ffn_offload *o) {
+    if (o->ring) {
+        const uint64_t bytes = atomic_load(&o->ring->bytes);
+        o->stats.bytes_read += bytes - o->ring_bytes;
+        o->ring_bytes = bytes;
+    }
     struct bus_msg bm;
     char err[512];
     while (bus_recv(o->sock, &bm, 0) == BUS_OK)
@@ -464,10 +500,16 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
     int32_t pid = 0;
     io_worker_alive(ctl, &pid);
     int64_t sent = clock_ms();
+    unsigned spins = 0;
     for (;;) {
         if ((uint32_t)atomic_load(&ctl->epoch) != epoch || proc_stop) return 1;
-        struct bus_msg bm;
-        const int rc = bus_recv(o->sock, &bm, *n_waiting ? POLL_MS : 100);
+        if (o->awaited_in_ring) {
+            const int out = bundle_ring_outcome(o->ring, o->awaited, o->ring_resets, err, errlen);
+            /* what a batch asked for ahead failed to read is asked for again, as over the bus */
+            if (out) return out > 0 || o->awaited == o->ahead_batch ? 0 : -1;
+        }
+        struct bus_msg bm; /* in the ring's case only answers to batches that went over the bus */
+        const int rc = bus_recv(o->sock, &bm, o->awaited_in_ring ? 0 : *n_waiting ? POLL_MS : 100);
         if (rc == BUS_OK) {
             const int done = take_reply(o, &bm, err, errlen);
             if (done != REPLY_OTHER) return done;
@@ -475,15 +517,20 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
         }
         if (*n_waiting) {
             const uint64_t c0 = clock_us();
+            const int before = *n_waiting;
             compute_landed(o, j, waiting, n_waiting);
             o->landed_us += clock_us() - c0;
+            if (o->awaited_in_ring && *n_waiting == 0) return 0; /* the rest of an ahead batch is not waited for */
+            if (*n_waiting < before) spins = 0;
         }
+        if (o->awaited_in_ring) ctl_wait_step(spins++); /* the answer comes without a wake-up: look again soon */
         if (clock_ms() - sent > IO_PATIENCE_MS && !io_worker_alive(ctl, &pid)) {
             log_warn("layer %d: the io-worker did not answer %d missing bundles (restarted?); asking again", l,
                      o->n_missing);
             if (send_load(o, l, o->missing, o->n_missing) == 0) {
                 sent = clock_ms();
                 o->awaited = o->batch_id;
+                o->awaited_in_ring = o->sent_in_ring;
             }
         }
     }
@@ -519,14 +566,19 @@ void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chu
     o->prefetch.asked += (uint64_t)o->n_ahead;
     if (o->n_ahead && send_load(o, l, o->ahead, o->n_ahead))
         log_warn("layer %d: cannot ask the io-worker ahead for %d bundles: %s", l, o->n_ahead, bus_last_error());
-    else if (o->n_ahead)
+    else if (o->n_ahead) {
         o->ahead_batch = o->batch_id;
+        o->ahead_in_ring = o->sent_in_ring;
+    }
 }
 
 /* Whether every miss is in the batch asked for ahead, still unanswered (its
  * answer then says when they all landed, or which found no slot). */
 static bool all_asked_ahead(const ffn_offload *o) {
     if (!o->ahead_batch) return false;
+    char err[8];
+    if (o->ahead_in_ring && bundle_ring_outcome(o->ring, o->ahead_batch, o->ring_resets, err, sizeof err))
+        return false; /* answered: what is still missing found no slot, or failed */
     for (int i = 0; i < o->n_missing; i++)
         if (!o->asked[o->missing[i]]) return false;
     return true;
@@ -564,6 +616,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
         if (round == 0 && o->trace) trace_step(o, l);
         if (o->n_missing > 0 && all_asked_ahead(o)) {
             o->awaited = o->ahead_batch; /* every miss is in that batch: no message of our own */
+            o->awaited_in_ring = o->ahead_in_ring;
         } else if (o->n_missing > 0) {
             if (send_load(o, l, o->missing, o->n_missing)) {
                 snprintf(err, errlen, "layer %d: cannot send the io-worker a BundleLoad: %s", l, bus_last_error());
@@ -572,6 +625,7 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
                 break;
             }
             o->awaited = o->batch_id;
+            o->awaited_in_ring = o->sent_in_ring;
         }
         compute(o, &j, o->ready, n_ready);
         release(o);

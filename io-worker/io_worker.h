@@ -53,6 +53,9 @@ typedef struct {
     bool verify;               /* bundles checked against their checksums as they land */
     uint64_t bundle_fault_left;/* PI2_BUNDLE_FAULT: reads still to spoil (a test-only switch) */
     int bundle_fault_kind;
+    int64_t next_offload_try_ms; /* a plan the io-worker has not opened yet: when to try again */
+    int bell_fd;               /* the doorbell the cpu-workers ring after queueing loads in their rings; -1 */
+    uint32_t ring_ids[BUNDLE_RING_WORDS]; /* one batch taken from a ring */
 } io_worker;
 
 /* One attempt to (re)attach the weights segment; 0 or -1 (reason logged at debug level). */
@@ -72,6 +75,10 @@ int iow_attach_cache(io_worker *w);
 void iow_close_offload(io_worker *w);
 /* A cpu-worker's BundleLoad, answered with BundleLoaded. */
 void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req);
+/* The batches the cpu-workers queued in their rings, each answered there. */
+void iow_take_rings(io_worker *w);
+/* Whether a ring holds a batch not taken yet. */
+bool iow_rings_pending(const io_worker *w);
 void iow_reply(io_worker *w, const struct bus_msg *m, Pi2__Envelope *env);
 
 /* Handles one received message: an IoReadBatch is read and answered with IoComplete;

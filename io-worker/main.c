@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "io_worker.h"
+#include "stack/doorbell.h"
 #include "stack/exit_codes.h"
 #include "util/cli.h"
 #include "util/clock.h"
@@ -100,21 +101,46 @@ static int serve_messages(io_worker *w) {
     return 0;
 }
 
+/* Sleeps until a message, the doorbell or 100 ms. io_sleeping is set before
+ * the rings are looked at a last time, and a worker reads it after queueing:
+ * either this sees the batch or the worker rings (both sequentially
+ * consistent). */
+static int sleep_on_socket(io_worker *w) {
+    const bool rings = w->budgeted && w->ctl;
+    if (rings) {
+        atomic_store(&w->ctl->io_sleeping, 1);
+        if (iow_rings_pending(w)) {
+            atomic_store(&w->ctl->io_sleeping, 0);
+            return 0;
+        }
+    }
+    bus_socket *socks[1] = {w->sock};
+    uint32_t ready;
+    const int rc = bus_poll_fd(socks, 1, rings ? w->bell_fd : -1, 100, &ready);
+    if (rings) {
+        atomic_store(&w->ctl->io_sleeping, 0);
+        if (w->bell_fd >= 0) doorbell_drain(w->bell_fd);
+    }
+    if (rc == BUS_ERR) log_error("poll: %s", bus_last_error());
+    return rc == BUS_ERR ? -1 : 0;
+}
+
 /* Serves until SIGTERM; returns the exit status. Bundle loads are
  * asynchronous: while reads are in flight the loop waits on the ring (a
- * millisecond at most) and looks at the socket between waits. */
+ * millisecond at most) and looks at the socket and the cpu-workers' rings
+ * between waits. */
 static int serve(io_worker *w) {
     w->state = PROC_READY;
     while (!proc_stop) {
         iow_beat(w);
         if (w->fatal) return 1;
+        iow_take_rings(w);
         if (w->budgeted && bundle_loader_busy(&w->loader) > 0) {
             bundle_loader_poll(&w->loader, 1);
-        } else {
-            bus_socket *socks[1] = {w->sock};
-            uint32_t ready;
-            if (bus_poll(socks, 1, 100, &ready) == BUS_ERR) { log_error("poll: %s", bus_last_error()); return 1; }
+        } else if (sleep_on_socket(w)) {
+            return 1;
         }
+        iow_take_rings(w);
         if (serve_messages(w)) return 1;
         peer_limit_report(&w->drops, "messages from", clock_ms());
         w->state = w->budgeted && bundle_loader_busy(&w->loader) > 0 ? PROC_BUSY : PROC_READY;
@@ -133,7 +159,7 @@ int main(int argc, char **argv) {
     if (!o.no_realtime && realtime_self(err, sizeof err)) log_info("running at normal priority: %s", err);
 
     const char *delay = getenv("PI2_IO_DELAY_US");
-    io_worker w = {.runid = o.runid, .state = PROC_STARTING, .delay_us = delay ? atoll(delay) : 0,
+    io_worker w = {.runid = o.runid, .state = PROC_STARTING, .bell_fd = -1, .delay_us = delay ? atoll(delay) : 0,
                    .queue_depth = o.queue_depth, .verify = !o.no_verify};
     if (!realpath(o.model, w.model_path)) {
         log_error("model %s: %s", o.model, strerror(errno));

@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io_worker.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "stack/doorbell.h"
 #include "stack/msg.h"
 
 enum { FAULT_EIO = 1, FAULT_SHORT, FAULT_CORRUPT };
@@ -50,6 +52,8 @@ void iow_close_offload(io_worker *w) {
                  (unsigned long long)st->batches, st->batch_us / 1e3 / st->batches, (unsigned long long)st->bundles,
                  st->bytes / 1e6, (unsigned long long)st->already, (unsigned long long)st->retries,
                  (unsigned long long)st->bad_checksums);
+    if (w->bell_fd >= 0) close(w->bell_fd);
+    w->bell_fd = -1;
     ncache_detach(w->cache);
     shm_detach(w->ffn_seg);
     uring_reader_close(w->bundle_reader);
@@ -109,6 +113,8 @@ int iow_open_offload(io_worker *w) {
     w->loader = (bundle_loader){.b = &w->off.bundles, .path = w->off.bundle_path, .reader = w->bundle_reader,
                                 .verify = w->verify, .fault = spoil_read, .fault_ctx = w};
     parse_fault(w);
+    if ((w->bell_fd = doorbell_open(w->runid, err, sizeof err)) < 0)
+        log_warn("doorbell: %s; the cpu-workers' rings are looked at once a poll", err);
     log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight%s", w->off.bundle_path,
              w->off.cold_slots, w->off.stride, depth, w->verify ? "" : ", checksums not checked");
     return 0;
@@ -191,4 +197,85 @@ void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope 
         free(q);
     }
     free(keys);
+}
+
+/* ---- the cpu-workers' rings (bundle_ring.h) ---- */
+
+typedef struct {
+    bundle_ring *ring;
+    uint64_t batch_id;
+} ring_request;
+
+static void ring_batch_done(void *ctx, const bundle_batch_result *res) {
+    ring_request *q = ctx;
+    bundle_ring_answer(q->ring, q->batch_id, res->bytes, res->error);
+    free(q);
+}
+
+static int ring_count(const io_worker *w) {
+    const int n = w->ctl ? w->ctl->params.n_cpu_workers : 0;
+    return n < 0 ? 0 : n > STACK_MAX_CPU_WORKERS ? STACK_MAX_CPU_WORKERS : n;
+}
+
+bool iow_rings_pending(const io_worker *w) {
+    if (!w->budgeted) return false;
+    for (int i = 0; i < ring_count(w); i++)
+        if (bundle_ring_pending(&w->ctl->bundle_rings[i])) return true;
+    return false;
+}
+
+/* One batch from ring r: checked as a BundleLoad from the bus would be, then read; refusals answered there. */
+static void start_ring_batch(io_worker *w, bundle_ring *r, uint64_t id, uint32_t layer, uint32_t n) {
+    char err[1024] = "";
+    Pi2__BundleLoad body = PI2__BUNDLE_LOAD__INIT;
+    body.batch_id = id;
+    body.layer = layer;
+    body.n_bundles = n;
+    body.bundles = w->ring_ids;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 0, 0);
+    env.body_case = PI2__ENVELOPE__BODY_BUNDLE_LOAD;
+    env.bundle_load = &body;
+    const msg_limits lim = {.n_layer = (uint32_t)w->m.n_layer, .n_bundles = (uint32_t)w->off.n_bundles};
+    if (msg_validate(&env, &lim, err, sizeof err)) {
+        bundle_ring_answer(r, id, 0, err);
+        return;
+    }
+    if (iow_attach_cache(w)) {
+        bundle_ring_answer(r, id, 0, "the io-worker has no neuron cache to load into yet");
+        return;
+    }
+    bundle_key *keys = malloc(sizeof *keys * n);
+    ring_request *q = malloc(sizeof *q);
+    if (!keys || !q) {
+        free(keys), free(q);
+        bundle_ring_answer(r, id, 0, "the io-worker is out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) keys[i] = (bundle_key){layer, w->ring_ids[i]};
+    *q = (ring_request){r, id};
+    if (bundle_loader_start(&w->loader, keys, (int)n, ring_batch_done, q, err, sizeof err)) {
+        log_error("%s", err);
+        bundle_ring_answer(r, id, 0, err);
+        free(q);
+    }
+    free(keys);
+}
+
+void iow_take_rings(io_worker *w) {
+    if (!w->budgeted) { /* a restarted io-worker: the workers' batches may come before any message */
+        if (!w->ctl || !w->ctl->plan_path[0] || clock_ms() < w->next_offload_try_ms) return;
+        w->next_offload_try_ms = clock_ms() + 1000;
+        if (iow_open_offload(w)) return;
+    }
+    for (int i = 0; i < ring_count(w); i++) {
+        bundle_ring *r = &w->ctl->bundle_rings[i];
+        char err[256];
+        uint64_t id;
+        uint32_t layer, n;
+        int rc;
+        while ((rc = bundle_ring_pop(r, &id, &layer, w->ring_ids, BUNDLE_RING_WORDS, &n, err, sizeof err)) == 1)
+            start_ring_batch(w, r, id, layer, n);
+        if (rc < 0) log_error("cpu-worker.%d's bundle ring: %s; its batches there are dropped", i, err);
+    }
 }

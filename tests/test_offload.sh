@@ -31,6 +31,8 @@
 #   - injected bundle read errors: a few are read again (same text), a
 #     persistent one ends the generation with an error naming the bundle
 #     file, never with other text;
+#   - hostile batches written into a cpu-worker's bundle ring are refused and
+#     the io-worker keeps serving;
 #   - the io-worker, a cpu-worker, cachemgr killed with -9 while misses are in
 #     flight: same text; a cpu-worker killed while it holds pins: its successor
 #     lets them go (no slot pinned once the stack is idle).
@@ -39,7 +41,7 @@ cd "$(dirname "$0")/.." || exit 1
 RUN_BASE="to$$"
 # shellcheck source=tests/sh/stack_common.sh
 . tests/sh/stack_common.sh
-require_programs pi2 pi2-ctl planner mkmodel cachemgr io-worker cpu-worker npu-worker coordinator
+require_programs pi2 pi2-ctl pi2-garbage planner mkmodel cachemgr io-worker cpu-worker npu-worker coordinator
 
 export XDG_CACHE_HOME=$TMP/cache
 MODEL=$TMP/m.pwri
@@ -245,6 +247,14 @@ if [ -n "$LAST_CG" ]; then # each of those prompts took the lent bundles back fi
     [ "$(awk '/^oom_kill / { print $2 }' "$LAST_CG/memory.oom_control")" = 0 ]
     check "at 50 %: five generations, the lent bundles taken back before each prompt: nothing killed for memory" $?
 fi
+# hostile batches in a cpu-worker's bundle ring (pi2-garbage --ring, the stack idle): each refused in its
+# answer, the damaged ring emptied; the io-worker keeps serving and the next generation is right
+io_pid=$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")
+"$BIN/pi2-garbage" --ring "$R50:1" >"$TMP/ring.out" 2>&1 && [ "$(grep -c ": refused: " "$TMP/ring.out")" = 3 ]
+check "hostile batches in a cpu-worker's bundle ring: the io-worker refuses each" $?
+generate "$R50" "$TMP/after-ring.txt" "$LAST_CG"
+cmp -s "$TMP/ref.txt" "$TMP/after-ring.txt" && [ "$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")" = "$io_pid" ]
+check "... and keeps serving: the next generation gives the same text" $?
 "$PI2" down -r "$R50" >/dev/null 2>&1
 [ -n "$LAST_CG" ] && rmdir "$LAST_CG" 2>/dev/null
 

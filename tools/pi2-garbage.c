@@ -5,7 +5,12 @@
  * and well-formed Envelopes whose fields fail validation (out-of-range layers,
  * offsets, lengths, ids, enum zeros). Nothing it sends is a valid request, so
  * a correct receiver drops all of it and keeps serving.
- *   pi2-garbage -e ipc://RUN_DIR/coordinator.sock [-n ROUNDS] [-s SEED] */
+ *   pi2-garbage -e ipc://RUN_DIR/coordinator.sock [-n ROUNDS] [-s SEED]
+ * With --ring RUN:N it writes into cpu-worker N's bundle ring instead (a
+ * budgeted stack, idle: the ring has one writer): batches of a layer and of a
+ * bundle outside the model, then counters that no ring can have; the
+ * io-worker must refuse the first two in their answers and empty the ring
+ * for the third. */
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,7 +21,11 @@
 
 #include "util/cli.h"
 #include "util/log.h"
+#include "stack/doorbell.h"
 #include "stack/msg.h"
+#include "stack/shm.h"
+#include "stack/stack.h"
+#include "util/clock.h"
 
 typedef struct {
     void *sock;
@@ -214,13 +223,79 @@ static int send_oversized(sender *s) {
     return rc;
 }
 
+/* ---- --ring ---- */
+
+/* Waits up to 10 s for the io-worker to answer batch id in r (or reset r when resets is not 0). */
+static int ring_wait(bundle_ring *r, int bell, uint64_t id, uint64_t resets, const char *what) {
+    char why[BUNDLE_RING_ERROR];
+    for (int64_t t0 = clock_ms(); clock_ms() - t0 < 10000;) {
+        doorbell_ring(bell);
+        const int out = bundle_ring_outcome(r, id, resets, why, sizeof why);
+        if (out < 0) {
+            printf("%s: refused: %s\n", what, why);
+            return 0;
+        }
+        if (out > 0) {
+            log_error("%s: answered as if it had been read", what);
+            return -1;
+        }
+        usleep(10000);
+    }
+    log_error("%s: no answer in 10 s", what);
+    return -1;
+}
+
+static int hostile_ring(const char *spec) {
+    char runid[64];
+    int worker;
+    if (sscanf(spec, "%63[^:]:%d", runid, &worker) != 2 || worker < 0 || worker >= STACK_MAX_CPU_WORKERS) {
+        log_error("--ring %s: not RUN:N with N a cpu-worker index", spec);
+        return 2;
+    }
+    char name[SHM_NAME_MAX], err[512];
+    shm_segment *seg = shm_make_name(name, sizeof name, runid, STACK_SEG_CTL) ? NULL
+                       : shm_attach(name, SHM_KIND_CONTROL, 0);
+    uint64_t bytes = 0;
+    stack_ctl *ctl = seg ? shm_region_ptr(seg, "ctl", &bytes) : NULL;
+    if (!ctl || bytes < sizeof *ctl || ctl->magic != STACK_CTL_MAGIC) {
+        log_error("run '%s': no control block (%s)", runid, shm_last_error());
+        return 1;
+    }
+    const int bell = doorbell_open(runid, err, sizeof err);
+    if (bell < 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    bundle_ring *r = &ctl->bundle_rings[worker];
+    const uint64_t pid = (uint64_t)getpid() << 32;
+    const uint32_t ids[2] = {0, 1u << 30};
+    int rc = 0;
+    if (bundle_ring_push(r, pid | 1, 1u << 30, ids, 1) ||
+        ring_wait(r, bell, pid | 1, atomic_load(&r->resets), "a layer outside the model"))
+        rc = 1;
+    if (rc == 0 && (bundle_ring_push(r, pid | 2, 0, ids, 2) ||
+                    ring_wait(r, bell, pid | 2, atomic_load(&r->resets), "a bundle outside the model")))
+        rc = 1;
+    if (rc == 0) {
+        const uint64_t resets = atomic_load(&r->resets);
+        atomic_store(&r->tail, atomic_load(&r->head) + BUNDLE_RING_WORDS + 4);
+        if (ring_wait(r, bell, pid | 3, resets, "counters apart by more than the ring")) rc = 1;
+    }
+    close(bell);
+    shm_detach(seg);
+    return rc;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pi2-garbage -e ENDPOINT [-n ROUNDS] [-s SEED] [--no-oversized]\n"
+            "       pi2-garbage --ring RUN:N\n"
             "  -e, --endpoint E    where to send, e.g. ipc:///tmp/pi2-0-default/coordinator.sock\n"
             "  -n, --rounds N      rounds of broken frames and invalid Envelopes (default 20)\n"
             "  -s, --seed S        seed of the random bytes (default 1)\n"
             "      --no-oversized  skip the final frame larger than MSG_MAX_FRAME\n"
+            "      --ring RUN:N    hostile batches in cpu-worker N's bundle ring of budgeted run RUN\n"
+            "                      (while it is idle); exit 0 when the io-worker refused each\n"
             "  -h, --help          this help\n"
             "Connects a DEALER (identity garbage-<pid>) and sends frames that a correct\n"
             "receiver must drop; prints how many it sent.\n");
@@ -228,11 +303,12 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     log_init(argv[0]);
-    enum { OPT_NO_OVERSIZED = 256 };
+    enum { OPT_NO_OVERSIZED = 256, OPT_RING };
     static const struct option longopts[] = {
         {"endpoint", required_argument, 0, 'e'}, {"rounds", required_argument, 0, 'n'},
         {"seed", required_argument, 0, 's'},     {"no-oversized", no_argument, 0, OPT_NO_OVERSIZED},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+        {"ring", required_argument, 0, OPT_RING}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     const char *endpoint = NULL;
     long rounds = 20;
     int oversized = 1;
@@ -254,6 +330,7 @@ int main(int argc, char **argv) {
             if (rng_state == 0) rng_state = 1; /* xorshift's one fixed point */
             break;
         case OPT_NO_OVERSIZED: oversized = 0; break;
+        case OPT_RING: return optind == argc ? hostile_ring(optarg) : (usage(stderr), 2);
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

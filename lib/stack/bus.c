@@ -428,19 +428,25 @@ int bus_recv(bus_socket *s, struct bus_msg *m, int timeout_ms) {
     return BUS_OK;
 }
 
-int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready) {
+int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_t *ready) {
     if (n < 1 || n > BUS_POLL_MAX) {
         set_err("bus_poll: %d sockets, must be 1..%d", n, BUS_POLL_MAX);
         return BUS_ERR;
     }
-    zmq_pollitem_t items[BUS_POLL_MAX];
+    zmq_pollitem_t items[BUS_POLL_MAX + 1];
     for (int i = 0; i < n; i++) items[i] = (zmq_pollitem_t){.socket = socks[i]->zs, .events = ZMQ_POLLIN};
-    int rc = zmq_poll(items, n, timeout_ms);
+    const int n_items = fd >= 0 ? n + 1 : n;
+    if (fd >= 0) items[n] = (zmq_pollitem_t){.fd = fd, .events = ZMQ_POLLIN};
+    int rc = zmq_poll(items, n_items, timeout_ms);
     if (rc < 0) return status_from_errno(errno, "poll");
     *ready = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n_items; i++)
         if (items[i].revents & ZMQ_POLLIN) *ready |= 1u << i;
     return rc;
+}
+
+int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready) {
+    return bus_poll_fd(socks, n, -1, timeout_ms, ready);
 }
 
 void bus_ticker_init(struct bus_ticker *t, int64_t period_ms, int64_t now_ms) {

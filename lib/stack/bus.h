@@ -104,6 +104,9 @@ int bus_recv(bus_socket *s, struct bus_msg *m, int timeout_ms);
 /* Waits until one of n sockets is readable; sets bit i of *ready for each.
  * Returns the number ready, 0 on timeout, or BUS_EINTR / BUS_ERR. */
 int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready);
+/* bus_poll with a plain descriptor beside the sockets (fd < 0: none): bit n of
+ * *ready when it is readable. */
+int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_t *ready);
 
 /* Heartbeats: a worker sends one every period; the receiver counts any
  * message as a sign of life and declares a peer dead after dead_after_ms. */

@@ -1,6 +1,7 @@
 #include "stack/stack.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sched.h>
 #include <stdio.h>
@@ -80,7 +81,8 @@ void work_share_compute(work_share *s, const model *m, int worker, int n_workers
 
 void ctl_init(stack_ctl *c, const stack_params *p, const char *model_path, uint64_t model_size,
               const char *predictor_path, const char *plan_path) {
-    memset(c, 0, sizeof *c);
+    memset(c, 0, offsetof(stack_ctl, bundle_rings)); /* the rings' words are never read before written */
+    for (int i = 0; i < STACK_MAX_CPU_WORKERS; i++) bundle_ring_init(&c->bundle_rings[i]);
     c->params = *p;
     snprintf(c->model_path, sizeof c->model_path, "%s", model_path);
     snprintf(c->predictor_path, sizeof c->predictor_path, "%s", predictor_path ? predictor_path : "");

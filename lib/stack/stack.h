@@ -17,11 +17,12 @@
 
 #include "engine/ffn_chunks.h"
 #include "engine/model.h"
+#include "stack/bundle_ring.h"
 #include "stack/offload_stats.h"
 
 #define STACK_MAX_PROCS 32
 #define STACK_MAX_CPU_WORKERS 16
-#define STACK_CTL_MAGIC 0x50493243544c3036ull /* "PI2CTL06" */
+#define STACK_CTL_MAGIC 0x50493243544c3037ull /* "PI2CTL07" */
 
 /* Segment "what" names: shm name is /pi2-<runid>-<what> (shm_make_name). */
 #define STACK_SEG_WEIGHTS "weights" /* region "data": the model file from weights_file_offset on */
@@ -126,6 +127,10 @@ typedef struct {
     /* the decode split as the coordinator last set it, for `pi2 status` (work_balance_publish) */
     _Atomic uint32_t split_mode;    /* 0: not set yet; 1: fixed; 2: balanced */
     _Atomic uint32_t split_cut[STACK_MAX_CPU_WORKERS + 1];
+    /* under a budget: 1 while the io-worker sleeps on its socket and doorbell, so a worker that queued a
+     * batch rings the doorbell (docs/offload.md, "The request ring") */
+    _Atomic uint32_t io_sleeping;
+    bundle_ring bundle_rings[STACK_MAX_CPU_WORKERS]; /* each cpu-worker's bundle loads; last: left unwritten */
 } stack_ctl;
 
 /* Initialise a fresh control block (cachemgr, at creation). */
