@@ -168,35 +168,41 @@ static void batch_done(void *ctx, const bundle_batch_result *res) {
     free(q);
 }
 
+/* Starts reading layer's bundles[0..n) for a batch whose answer done(ctx) gives; -1 with err when it
+ * cannot start (done not called, ctx still the caller's). */
+static int start_batch(io_worker *w, uint32_t layer, const uint32_t *bundles, size_t n, bundle_batch_fn done,
+                       void *ctx, char *err, size_t errlen) {
+    if (iow_attach_cache(w)) { /* the plan is open: BundleLoad is refused on a stack without one */
+        snprintf(err, errlen, "the io-worker has no neuron cache to load into yet");
+        return -1;
+    }
+    bundle_key *keys = malloc(sizeof *keys * (n ? n : 1));
+    if (!keys) {
+        snprintf(err, errlen, "the io-worker is out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) keys[i] = (bundle_key){layer, bundles[i]};
+    const int rc = bundle_loader_start(&w->loader, keys, (int)n, done, ctx, err, errlen);
+    if (rc) log_error("%s", err);
+    free(keys);
+    return rc;
+}
+
 void iow_bundle_load(io_worker *w, const struct bus_msg *m, const Pi2__Envelope *req) {
     const Pi2__BundleLoad *r = req->bundle_load;
-    Pi2__BundleLoaded refused = PI2__BUNDLE_LOADED__INIT;
-    refused.batch_id = r->batch_id;
-    char err[1024] = "";
-    if (iow_attach_cache(w)) { /* iow_serve opened the plan: BundleLoad is refused on a stack without one */
-        refused.error = "the io-worker has no neuron cache to load into yet";
-        answer(w, m, req->session, &refused);
-        return;
-    }
-    bundle_key *keys = malloc(sizeof *keys * (r->n_bundles ? r->n_bundles : 1));
+    char err[1024] = "the io-worker is out of memory";
     load_request *q = malloc(sizeof *q);
-    if (!keys || !q) {
-        free(keys), free(q);
-        refused.error = "the io-worker is out of memory";
-        answer(w, m, req->session, &refused);
-        return;
-    }
-    for (size_t i = 0; i < r->n_bundles; i++) keys[i] = (bundle_key){r->layer, r->bundles[i]};
-    *q = (load_request){.w = w, .batch_id = r->batch_id, .session = req->session};
-    memcpy(q->to.peer, m->peer, m->peer_len);
-    q->to.peer_len = m->peer_len;
-    if (bundle_loader_start(&w->loader, keys, (int)r->n_bundles, batch_done, q, err, sizeof err)) {
-        log_error("%s", err);
-        refused.error = err;
-        answer(w, m, req->session, &refused);
+    if (q) {
+        *q = (load_request){.w = w, .batch_id = r->batch_id, .session = req->session};
+        memcpy(q->to.peer, m->peer, m->peer_len);
+        q->to.peer_len = m->peer_len;
+        if (start_batch(w, r->layer, r->bundles, r->n_bundles, batch_done, q, err, sizeof err) == 0) return;
         free(q);
     }
-    free(keys);
+    Pi2__BundleLoaded refused = PI2__BUNDLE_LOADED__INIT;
+    refused.batch_id = r->batch_id;
+    refused.error = err;
+    answer(w, m, req->session, &refused);
 }
 
 /* ---- the cpu-workers' rings (bundle_ring.h) ---- */
@@ -241,25 +247,16 @@ static void start_ring_batch(io_worker *w, bundle_ring *r, uint64_t id, uint32_t
         bundle_ring_answer(r, id, 0, err);
         return;
     }
-    if (iow_attach_cache(w)) {
-        bundle_ring_answer(r, id, 0, "the io-worker has no neuron cache to load into yet");
-        return;
-    }
-    bundle_key *keys = malloc(sizeof *keys * n);
     ring_request *q = malloc(sizeof *q);
-    if (!keys || !q) {
-        free(keys), free(q);
+    if (!q) {
         bundle_ring_answer(r, id, 0, "the io-worker is out of memory");
         return;
     }
-    for (uint32_t i = 0; i < n; i++) keys[i] = (bundle_key){layer, w->ring_ids[i]};
     *q = (ring_request){r, id};
-    if (bundle_loader_start(&w->loader, keys, (int)n, ring_batch_done, q, err, sizeof err)) {
-        log_error("%s", err);
+    if (start_batch(w, layer, w->ring_ids, n, ring_batch_done, q, err, sizeof err)) {
         bundle_ring_answer(r, id, 0, err);
         free(q);
     }
-    free(keys);
 }
 
 void iow_take_rings(io_worker *w) {
