@@ -179,8 +179,10 @@ ffn_offload *ffn_offload_new(const stack_view *sv, const char *runid, const char
         log_error("connecting to the io-worker: %s", bus_last_error());
         goto fail;
     }
-    if (index >= STACK_MAX_CPU_WORKERS || (o->bell_fd = doorbell_open(runid, err, sizeof err)) < 0) {
-        log_warn("bundle loads over the bus only: %s", index >= STACK_MAX_CPU_WORKERS ? "no ring for this worker" : err);
+    if (index >= STACK_MAX_CPU_WORKERS) {
+        log_warn("bundle loads over the bus only: no ring for cpu-worker %d", index);
+    } else if ((o->bell_fd = doorbell_open(runid, err, sizeof err)) < 0) {
+        log_warn("bundle loads over the bus only: %s", err);
     } else {
         o->ring = &sv->ctl->bundle_rings[index];
         o->ring_bytes = atomic_load(&o->ring->bytes);

@@ -114,7 +114,7 @@ int iow_open_offload(io_worker *w) {
                                 .verify = w->verify, .fault = spoil_read, .fault_ctx = w};
     parse_fault(w);
     if ((w->bell_fd = doorbell_open(w->runid, err, sizeof err)) < 0)
-        log_warn("doorbell: %s; the cpu-workers' rings are looked at once a poll", err);
+        log_warn("doorbell: %s; while idle the cpu-workers' rings are looked at every 100 ms", err);
     log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight%s", w->off.bundle_path,
              w->off.cold_slots, w->off.stride, depth, w->verify ? "" : ", checksums not checked");
     return 0;
