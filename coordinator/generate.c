@@ -97,7 +97,7 @@ static int tokenize(coord *c, int32_t *tokens) {
     int n = tokenizer_encode(c->tok, c->req.prompt, tokenizer_adds_bos(c->tok), tokens, n_ctx);
     if (n < 0) {
         client_send_error(c, PI2__ERROR_CODE__PROMPT_TOO_LONG,
-                          "the prompt needs more than the stack's context of %d tokens (pi2 up -c N)", n_ctx);
+                          "the prompt needs more than the stack's context of %d tokens (pi2 up --ctx N)", n_ctx);
         return 0;
     }
     if (n == 0) {

@@ -124,6 +124,16 @@ want=$(ref "$MODEL0" "Once upon a time" 40 --temp 0.8 --top-k 40 --top-p 0.95 --
 got=$(gen "$R" "Once upon a time" 40 --temp 0.8 --top-k 40 --top-p 0.95 --seed 42)
 same "sampled generation (temp 0.8, seed 42) == pi2-ref" "$want" "$got" "$R"
 
+long_prompt=$(printf 'Once upon a time there was a little dog. %.0s' $(seq 120)) # ~1200 tokens, context 512
+gen "$R" "$long_prompt" 8 --temp 0 >/dev/null
+rc=$?
+[ $rc -ne 0 ] && grep -q "context of 512 tokens (pi2 up --ctx N)" "$TMP/gen.err"
+ok=$?
+check "a prompt over the context: the client exits non-zero naming the context and --ctx (rc $rc)" $ok
+[ $ok -eq 0 ] || cat "$TMP/gen.err"
+got=$(gen "$R" "Once upon a time" 40 --temp 0.8 --top-k 40 --top-p 0.95 --seed 42)
+same "... and the stack serves the next request as before" "$want" "$got" "$R"
+
 "$PI2" status -r "$R" >"$TMP/status" 2>&1
 ok=0
 for proc in cachemgr io-worker coordinator npu-worker cpu-worker.0 cpu-worker.1; do
