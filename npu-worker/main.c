@@ -157,7 +157,8 @@ int main(int argc, char **argv) {
     if (worker_args_parse(argc, argv, &o, 2, -1, usage)) return PI2_EXIT_USAGE;
     proc_stop_on_signals();
     stack_view sv;
-    stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop};
+    stack_view_spec spec = {.model_path = o.model_path, .runid = o.runid, .wait_ms = STACK_WAIT_MS, .stop = &proc_stop,
+                            .neuron_positions = true}; /* the prompt finds pinned neurons (pinned_rows.h) */
     if (stack_view_open(&sv, &spec)) return proc_stop ? 0 : 1;
     int status = 1;
     worker_link link = {0};
@@ -165,7 +166,7 @@ int main(int argc, char **argv) {
     lender *lend = NULL;
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)sv.ctl->params.max_prefill);
     if (!tokens) { log_error("out of memory"); goto out; }
-    if (!(pf = prefiller_new(&sv, o.n_threads))) goto out;
+    if (!(pf = prefiller_new(&sv, o.runid, o.n_threads))) goto out;
     bool lend_failed;
     lend = lender_open(&sv, o.runid, &lend_failed);
     if (lend_failed) goto out;

@@ -5,6 +5,7 @@
 
 #include "engine/ffn_stream.h"
 #include "engine/prompt.h"
+#include "pinned_rows.h"
 #include "util/log.h"
 #include "util/threadpool.h"
 
@@ -13,7 +14,8 @@ struct prefiller {
     threadpool *pool;
     prompt_pass *pass;
     ffn_stream *stream;    /* under a budget: the FFN weights, a piece of neurons at a time */
-    uint64_t streamed;     /* its totals at the end of the last run */
+    pinned_rows *pinned;   /* ... whose pinned neurons' rows are copied, not read; NULL: all read */
+    uint64_t streamed, copied; /* its totals at the end of the last run */
     double waited_s, read_s;
     char error[512];
 };
@@ -47,13 +49,14 @@ const char *prefiller_error(const prefiller *p) { return p->error; }
 
 /* what the last run streamed: whether the reads kept ahead of the pass */
 static void log_streamed(prefiller *p) {
-    uint64_t bytes;
+    uint64_t bytes, copied;
     double waited_s, read_s;
-    ffn_stream_stats(p->stream, &bytes, &waited_s, &read_s);
+    ffn_stream_stats(p->stream, &bytes, &copied, &waited_s, &read_s);
     const double mb = (double)(bytes - p->streamed) / 1e6, busy_s = read_s - p->read_s;
-    log_info("FFN rows streamed: %.0f MB in %.3f s of reads (%.0f MB/s); the pass waited %.3f s for them", mb, busy_s,
+    log_info("FFN rows streamed: %.0f MB read and %.0f MB copied from pinned bundles in %.3f s (%.0f MB/s read); "
+             "the pass waited %.3f s for them", mb, (double)(copied - p->copied) / 1e6, busy_s,
              busy_s > 0 ? mb / busy_s : 0, waited_s - p->waited_s);
-    p->streamed = bytes, p->waited_s = waited_s, p->read_s = read_s;
+    p->streamed = bytes, p->copied = copied, p->waited_s = waited_s, p->read_s = read_s;
 }
 
 int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_t epoch, prefill_tick tick,
@@ -63,6 +66,7 @@ int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_
     run_ctx r = {p, epoch, tick, tick_ctx};
     const prompt_ffn_source staged = {stage_piece, p};
     p->error[0] = 0;
+    if (p->stream) ffn_stream_set_resident(p->stream, pinned_rows_source(p->pinned));
     const int rc = prompt_pass_run(p->pass, tokens, n, first, stack_kv, &r, step, &r, p->stream ? &staged : NULL);
     if (p->stream) log_streamed(p);
     if (rc) return p->error[0] ? PREFILL_ERROR : -1;
@@ -73,7 +77,7 @@ int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_
     return 0;
 }
 
-prefiller *prefiller_new(stack_view *sv, int n_threads) {
+prefiller *prefiller_new(stack_view *sv, const char *runid, int n_threads) {
     prefiller *p = calloc(1, sizeof *p);
     if (!p || !(p->pool = pool_new(n_threads))) {
         log_error("out of memory");
@@ -100,6 +104,7 @@ prefiller *prefiller_new(stack_view *sv, int n_threads) {
         log_info("under the plan's budget: the prompt's FFN weights stream through %.1f MiB of staging, %ld neurons "
                  "at a time", ffn_stream_bytes(&sv->m, which, step) / 1048576.0,
                  ffn_stream_piece_neurons(&sv->m, which, step));
+        p->pinned = pinned_rows_open(sv, runid);
     }
     return p;
 }
@@ -112,6 +117,7 @@ void prefiller_release(prefiller *p) {
 void prefiller_free(prefiller *p) {
     if (!p) return;
     ffn_stream_close(p->stream);
+    pinned_rows_close(p->pinned);
     prompt_pass_free(p->pass);
     pool_free(p->pool);
     free(p);

@@ -13,10 +13,11 @@
 typedef struct prefiller prefiller;
 
 /* Scratch for up to the stack's max_prefill tokens, allocated once; under
- * a memory budget also the two layers of staging the FFN weights stream
- * through (engine/ffn_stream.h), which then repoints sv's model's FFN
- * tensors layer by layer. NULL on failure (logged). */
-prefiller *prefiller_new(stack_view *sv, int n_threads);
+ * a memory budget also the staging the FFN weights stream through
+ * (engine/ffn_stream.h), the rows of the plan's pinned bundles copied from
+ * run runid's neuron cache instead of read (pinned_rows.h). NULL on failure
+ * (logged). */
+prefiller *prefiller_new(stack_view *sv, const char *runid, int n_threads);
 void prefiller_free(prefiller *p);
 /* After a prompt: the scratch's and the staging's pages go back to the
  * system (allocated again as the next prompt touches them). */

@@ -11,6 +11,12 @@
  *    pieces' sizes (ffn_stream_piece_neurons) whole steps within
  *    FFN_STREAM_PIECE_BYTES;
  *  - tensors larger than one read (8 MiB), and the buffered fallback;
+ *  - rows held in memory (ffn_stream_set_resident), all, none, a prefix of
+ *    each layer or every third neuron: the pieces are the file's all the
+ *    same; held rows are copied, not read (all held: nothing read; a prefix:
+ *    about the rest read), and a held copy that differs from the file shows
+ *    in its piece (it came from memory), while short held gaps are read
+ *    through;
  *  - refused with a clear error: no selection, a bad step, bad layer or neuron
  *    numbers, a missing file, a truncated copy (at open), a file cut short
  *    under an open stream (short read naming the tensor, and the stream still
@@ -169,6 +175,100 @@ static long check_piece_size(const char *name, const model *m, unsigned which, l
     return piece;
 }
 
+/* A copy of every neuron's rows as a bundle would hold them (gate, up, down_t side by side), offered per
+ * `pattern`. */
+enum { HELD_NONE, HELD_ALL, HELD_PREFIX, HELD_EVERY_THIRD };
+typedef struct {
+    const model *m;
+    uint8_t *rows;
+    size_t neuron_bytes, up_off, down_off;
+    int pattern;
+} held_rows;
+
+static const uint8_t *held_at(void *ctx, int l, long n) {
+    const held_rows *h = ctx;
+    const long nf = h->m->n_ff;
+    const bool held = h->pattern == HELD_ALL || (h->pattern == HELD_PREFIX && n < nf * 6 / 10) ||
+                      (h->pattern == HELD_EVERY_THIRD && n % 3 == 0);
+    return held ? h->rows + ((size_t)l * (size_t)nf + (size_t)n) * h->neuron_bytes : NULL;
+}
+
+static bool held_make(held_rows *h, const model *m) {
+    const layer_weights *w0 = &m->layers[0];
+    *h = (held_rows){.m = m, .up_off = w0->gate.row_bytes, .down_off = w0->gate.row_bytes + w0->up.row_bytes};
+    h->neuron_bytes = h->down_off + w0->down_t.row_bytes;
+    if (!(h->rows = malloc(h->neuron_bytes * (size_t)m->n_ff * (size_t)m->n_layer))) return false;
+    for (int l = 0; l < m->n_layer; l++)
+        for (long n = 0; n < m->n_ff; n++) {
+            const layer_weights *w = &m->layers[l];
+            uint8_t *at = h->rows + ((size_t)l * (size_t)m->n_ff + (size_t)n) * h->neuron_bytes;
+            memcpy(at, (const char *)w->gate.data + (size_t)n * w->gate.row_bytes, w->gate.row_bytes);
+            memcpy(at + h->up_off, (const char *)w->up.data + (size_t)n * w->up.row_bytes, w->up.row_bytes);
+            memcpy(at + h->down_off, (const char *)w->down_t.data + (size_t)n * w->down_t.row_bytes,
+                   w->down_t.row_bytes);
+        }
+    return true;
+}
+
+/* Bytes read and copied by two walks over every piece with the rows of `pattern` held. */
+static void walk_held(const char *name, const model *m, ffn_stream *s, held_rows *h, int pattern, long piece,
+                      uint64_t *read, uint64_t *copied) {
+    uint64_t r0, c0, r1, c1;
+    h->pattern = pattern;
+    const ffn_stream_resident src = {held_at, h, 0, h->up_off, h->down_off};
+    ffn_stream_set_resident(s, &src);
+    ffn_stream_release(s); /* nothing read before stays in a slot */
+    ffn_stream_stats(s, &r0, &c0, NULL, NULL);
+    walk(name, m, s, FFN_STREAM_ALL, piece);
+    ffn_stream_stats(s, &r1, &c1, NULL, NULL);
+    *read = r1 - r0, *copied = c1 - c0;
+}
+
+/* PWRI files: every piece equals the file whatever is held; what is held is copied, not read */
+static void check_resident(const char *name, const model *m, const char *path, long step) {
+    char err[512];
+    held_rows h;
+    ffn_stream *s = ffn_stream_open(m, path, FFN_STREAM_ALL, step, err, sizeof err);
+    CHECK(s && held_make(&h, m), "%s: a stream and the held rows: %s", name, s ? "out of memory" : err);
+    if (!s) return;
+    const long piece = ffn_stream_piece_neurons(m, FFN_STREAM_ALL, step);
+    uint64_t none, read, copied; /* a walk may read a few pieces ahead of its end: compare with none held */
+    walk_held(name, m, s, &h, HELD_NONE, piece, &none, &copied);
+    CHECK(none >= pass_bytes(m, FFN_STREAM_ALL) && copied == 0, "%s: none held: %llu bytes read, %llu copied", name,
+          (unsigned long long)none, (unsigned long long)copied);
+    walk_held(name, m, s, &h, HELD_ALL, piece, &read, &copied);
+    CHECK(read == 0 && copied >= pass_bytes(m, FFN_STREAM_ALL), "%s: all held: %llu bytes read, %llu copied", name,
+          (unsigned long long)read, (unsigned long long)copied);
+    walk_held(name, m, s, &h, HELD_PREFIX, piece, &read, &copied);
+    CHECK(read <= none * 55 / 100 && copied >= none / 2,
+          "%s: 60 %% of each layer held: %llu bytes read, %llu copied (none held: %llu read)", name,
+          (unsigned long long)read, (unsigned long long)copied, (unsigned long long)none);
+    walk_held(name, m, s, &h, HELD_EVERY_THIRD, piece, &read, &copied);
+    CHECK(read >= none * 9 / 10 && copied <= none / 100,
+          "%s: every third held: read through (%llu bytes read, %llu copied; none held: %llu read)", name,
+          (unsigned long long)read, (unsigned long long)copied, (unsigned long long)none);
+
+    /* a held row that differs from the file lands in its piece: it was copied */
+    h.pattern = HELD_PREFIX;
+    uint8_t *up1 = h.rows + ((size_t)m->n_ff + 1) * h.neuron_bytes + h.up_off; /* layer 1, neuron 1's up row */
+    up1[3] ^= 0x5a;
+    ffn_stream_release(s);
+    layer_weights out;
+    long n1;
+    const bool got = ffn_stream_piece(s, 1, 0, &out, &n1, err, sizeof err) == 0;
+    const weight *up = &m->layers[1].up;
+    CHECK(got && memcmp((const char *)out.up.data + up->row_bytes, up1, up->row_bytes) == 0 &&
+              memcmp((const char *)out.up.data + up->row_bytes, (const char *)up->data + up->row_bytes,
+                     up->row_bytes) != 0,
+          "%s: a held row is copied into its piece: %s", name, got ? "" : err);
+    up1[3] ^= 0x5a;
+    ffn_stream_set_resident(s, NULL);
+    ffn_stream_release(s);
+    walk(name, m, s, FFN_STREAM_ALL, piece);
+    free(h.rows);
+    ffn_stream_close(s);
+}
+
 /* steps: prompt_pass_neuron_step's, and (when `small`) two small ones that cut a layer in several pieces */
 static void check_model(const char *name, const char *flags, bool every_selection, bool small) {
     char path[512], err[512];
@@ -188,7 +288,7 @@ static void check_model(const char *name, const char *flags, bool every_selectio
             walk(name, &m, s, which, piece);
             uint64_t read;
             double wait_s, read_s;
-            ffn_stream_stats(s, &read, &wait_s, &read_s);
+            ffn_stream_stats(s, &read, NULL, &wait_s, &read_s);
             CHECK(read >= pass_bytes(&m, which) && wait_s >= 0 && read_s > 0,
                   "%s which %u: stats: %llu bytes read (a pass is %llu), waited %.3f s, read %.3f s", name, which,
                   (unsigned long long)read, (unsigned long long)pass_bytes(&m, which), wait_s, read_s);
@@ -199,6 +299,7 @@ static void check_model(const char *name, const char *flags, bool every_selectio
                   "%s: neuron %ld is not a piece's first (%s)", name, piece / 2, err);
             ffn_stream_close(s);
         }
+    if (m.layers[0].down_t.data) check_resident(name, &m, path, small ? 16 : prompt_pass_neuron_step(&m));
     model_free(&m);
 }
 

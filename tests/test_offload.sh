@@ -9,6 +9,10 @@
 #     `pi2 status` shows each cpu-worker's neuron cache and the client's
 #     timing line the generation's hit rate and MB read per token (more than
 #     0 under 100 %); the unbudgeted stack shows neither;
+#   - the pinned bundles in the prompt: on the model ordered hottest-first
+#     (pi2-reorder), the 100 % plan's prompt copies a share of its FFN rows
+#     from the pinned bundles instead of reading them, and the text equals
+#     that model's unbudgeted stack's;
 #   - lending (docs/offload.md, "Lending"): under 100 % the npu-worker reads
 #     the plan's lent bundles into its idle prompt memory after each prompt,
 #     and decode finds them there (more hits than with PI2_LEND=0, which
@@ -168,6 +172,26 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     LAST_RUN=$run LAST_CG=$cg
 }
 for pct in 100 60 50; do budgeted "$pct"; done
+
+# the prompt's FFN rows from the pinned bundles: with the neurons ordered hottest-first the pinned ones are
+# runs of the file that need not be read
+REORDERED=$TMP/m-reordered.pwri
+"$BIN/pi2-reorder" -m "$MODEL" -o "$REORDERED" -n 64 --gen 8 >/dev/null 2>&1
+check "pi2-reorder orders the test model hottest-first" $?
+new_run R
+"$PI2" up -r "$R" -c "$TMP/off.conf" -m "$REORDERED" --ffn predictor >/dev/null 2>&1 && generate "$R" "$TMP/ref-r.txt"
+check "the unbudgeted stack of the reordered model generates" $?
+"$PI2" down -r "$R" >/dev/null 2>&1
+"$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$REORDERED" \
+    --mem-budget "$((SIZE / 1048576))M" -o "$TMP/plan-r" >/dev/null 2>&1 &&
+    "$PI2" up -r "$R" -c "$TMP/off.conf" -m "$REORDERED" --plan "$TMP/plan-r" >/dev/null 2>&1 &&
+    generate "$R" "$TMP/out-r.txt" && cmp -s "$TMP/ref-r.txt" "$TMP/out-r.txt"
+check "reordered model at 100 %: the text equals its unbudgeted stack's" $?
+streamed=$(grep -h "FFN rows streamed" "$("$PI2" rundir -r "$R")/logs/npu-worker.log" | tail -n 1)
+sed -n 's/.*streamed: \([0-9]*\) MB read and \([0-9]*\) MB copied .*/\1 \2/p' <<<"$streamed" |
+    awk '$2 > 0 && $2 >= ($1 + $2) / 10 { ok = 1 } END { exit !ok }'
+check "reordered model at 100 %: the prompt copies pinned rows instead of reading them (${streamed#*streamed: })" $?
+"$PI2" down -r "$R" >/dev/null 2>&1
 
 # at_60_with VAR=VALUE WHAT TAG: the 60 % plan with VAR=VALUE in the stack's environment, inside its cap:
 # the text equals the unbudgeted run's (out-60-TAG.txt); the run is left up as VARIANT_RUN, its cgroup as VARIANT_CG

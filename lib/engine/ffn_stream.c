@@ -25,6 +25,7 @@ typedef struct {
     size_t need;        /* bytes of the range up to the tensor's end: less only at end of file */
     size_t slot_off;    /* the range's place in the slot, a multiple of FFN_STREAM_ALIGN */
     size_t data_off;    /* the rows' first byte in the slot */
+    size_t row_bytes;   /* one neuron's row; 0 for ffn_down, whose rows are not neurons */
 } part;
 
 /* A slot's life: EMPTY -> QUEUED (caller) -> READING (reader) -> READY | FAILED (reader). */
@@ -59,7 +60,9 @@ struct ffn_stream {
     int queue[FFN_STREAM_SLOTS]; /* QUEUED slots, read in this order */
     int queued;
     atomic_bool quit;    /* read without mu between chunks, so close cuts a read short */
-    uint64_t bytes;
+    ffn_stream_resident resident; /* rows == NULL: read everything (set under mu, used by the reader) */
+    const uint8_t **held; /* [piece]: the reader's look-ups of one piece's resident rows */
+    uint64_t bytes, copied;
     double wait_s, read_s;
 };
 
@@ -128,7 +131,7 @@ static size_t layout(const model *m, unsigned which, long piece, part *parts) {
                 const uint64_t start = align_down(off);
                 const part p = {.field = fields[k], .name = names[k], .layer = l, .file_off = start,
                                 .read_len = align_up(end) - start, .need = end - start,
-                                .slot_off = used, .data_off = used + (off - start)};
+                                .slot_off = used, .data_off = used + (off - start), .row_bytes = rows ? w->row_bytes : 0};
                 if (parts) parts[((size_t)l * (size_t)per_layer + (size_t)i) * (size_t)n + (size_t)k] = p;
                 used += p.read_len;
             }
@@ -250,7 +253,70 @@ static int read_part(ffn_stream *s, const part *p, uint8_t *dst, uint64_t *got, 
     return 0;
 }
 
-static int read_piece(ffn_stream *s, long g, uint8_t *buf, uint64_t *got, char *err, size_t errlen) {
+/* Rows [r0, r1) of the piece's part p (row 0: the piece's first neuron): their byte range rounded out to
+ * FFN_STREAM_ALIGN, into the same place of the slot as a read of the whole part puts it. */
+static int read_rows(ffn_stream *s, const part *p, long r0, long r1, uint8_t *buf, uint64_t *got, char *err,
+                     size_t errlen) {
+    const uint64_t first = p->file_off + (p->data_off - p->slot_off); /* the piece's first row in the file */
+    const uint64_t off = first + (uint64_t)r0 * p->row_bytes, end = first + (uint64_t)r1 * p->row_bytes;
+    part sub = *p;
+    sub.file_off = align_down(off);
+    sub.read_len = align_up(end) - sub.file_off;
+    sub.need = end - sub.file_off;
+    return read_part(s, &sub, buf + p->slot_off + (sub.file_off - p->file_off), got, err, errlen);
+}
+
+/* The piece's neurons whose rows are held in memory (s->held), read the rest: every run of neurons that
+ * are not held, extended over held runs shorter than FFN_STREAM_GAP_BYTES of the longest row, is read;
+ * the held rows outside those runs are copied. */
+static int fill_from_resident(ffn_stream *s, long g, uint8_t *buf, uint64_t *got, uint64_t *copied, char *err,
+                              size_t errlen) {
+    const part *parts = &s->parts[(size_t)g * (size_t)s->n_parts];
+    const int l = (int)(g / s->per_layer);
+    const long n0 = (g % s->per_layer) * s->piece, n = (n0 + s->piece < s->m->n_ff ? n0 + s->piece : s->m->n_ff) - n0;
+    size_t longest = 0;
+    for (int k = 0; k < s->n_parts; k++) {
+        if (!parts[k].row_bytes && read_part(s, &parts[k], buf + parts[k].slot_off, got, err, errlen)) return -1;
+        if (parts[k].row_bytes > longest) longest = parts[k].row_bytes;
+    }
+    const long gap = longest ? (long)(FFN_STREAM_GAP_BYTES / longest) : 0;
+    for (long i = 0; i < n; i++) s->held[i] = s->resident.rows(s->resident.ctx, l, n0 + i);
+    for (long i = 0; i < n;) {
+        if (s->held[i]) {
+            i++;
+            continue;
+        }
+        long end = i;
+        for (;;) { /* the run of rows to read, through short held gaps */
+            while (end < n && !s->held[end]) end++;
+            long next = end;
+            while (next < n && s->held[next]) next++;
+            if (next == n || next - end >= gap) break;
+            end = next;
+        }
+        for (int k = 0; k < s->n_parts; k++)
+            if (parts[k].row_bytes && read_rows(s, &parts[k], i, end, buf, got, err, errlen)) return -1;
+        for (long r = i; r < end; r++) s->held[r] = NULL; /* read: not copied */
+        i = end;
+    }
+    for (int k = 0; k < s->n_parts; k++) {
+        const part *p = &parts[k];
+        const size_t from = p->field == offsetof(layer_weights, gate) ? s->resident.gate_off
+                            : p->field == offsetof(layer_weights, up) ? s->resident.up_off
+                                                                       : s->resident.down_off;
+        if (!p->row_bytes) continue;
+        for (long i = 0; i < n; i++)
+            if (s->held[i]) {
+                memcpy(buf + p->data_off + (size_t)i * p->row_bytes, s->held[i] + from, p->row_bytes);
+                *copied += p->row_bytes;
+            }
+    }
+    return 0;
+}
+
+static int read_piece(ffn_stream *s, long g, uint8_t *buf, uint64_t *got, uint64_t *copied, char *err,
+                      size_t errlen) {
+    if (s->resident.rows) return fill_from_resident(s, g, buf, got, copied, err, errlen);
     const part *parts = &s->parts[(size_t)g * (size_t)s->n_parts];
     for (int k = 0; k < s->n_parts; k++)
         if (read_part(s, &parts[k], buf + parts[k].slot_off, got, err, errlen)) return -1;
@@ -271,13 +337,13 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         const double t0 = clock_seconds();
-        uint64_t got = 0;
-        const int rc = read_piece(s, piece, sl->buf, &got, sl->err, sizeof sl->err);
+        uint64_t got = 0, copied = 0;
+        const int rc = read_piece(s, piece, sl->buf, &got, &copied, sl->err, sizeof sl->err);
         const double dt = clock_seconds() - t0;
 
         pthread_mutex_lock(&s->mu);
         sl->state = rc ? SLOT_FAILED : SLOT_READY;
-        s->bytes += got, s->read_s += dt;
+        s->bytes += got, s->copied += copied, s->read_s += dt;
         pthread_cond_broadcast(&s->done);
     }
     pthread_mutex_unlock(&s->mu);
@@ -309,7 +375,8 @@ ffn_stream *ffn_stream_open(const model *m, const char *model_path, unsigned whi
     s->per_layer = (m->n_ff + s->piece - 1) / s->piece;
     s->path = strdup(model_path);
     s->parts = calloc((size_t)m->n_layer * (size_t)s->per_layer * (size_t)s->n_parts, sizeof *s->parts);
-    if (!s->path || !s->parts) goto oom;
+    s->held = calloc((size_t)s->piece, sizeof *s->held);
+    if (!s->path || !s->parts || !s->held) goto oom;
     s->slot_bytes = layout(m, which, s->piece, s->parts);
     if (open_file(s, model_path, err, errlen)) goto fail;
     for (int i = 0; i < s->n_slots; i++)
@@ -413,10 +480,19 @@ int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1
     return rc;
 }
 
-void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, double *wait_s, double *read_s) {
+void ffn_stream_set_resident(ffn_stream *s, const ffn_stream_resident *r) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_slots; i++) /* a read in progress finishes with the source it began with */
+        while (s->slots[i].state == SLOT_READING) pthread_cond_wait(&s->done, &s->mu);
+    s->resident = r ? *r : (ffn_stream_resident){0};
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, uint64_t *copied, double *wait_s, double *read_s) {
     pthread_mutex_t *mu = (pthread_mutex_t *)&s->mu; /* locking does not change what the stream reports */
     pthread_mutex_lock(mu);
     if (bytes) *bytes = s->bytes;
+    if (copied) *copied = s->copied;
     if (wait_s) *wait_s = s->wait_s;
     if (read_s) *read_s = s->read_s;
     pthread_mutex_unlock(mu);
@@ -451,6 +527,7 @@ void ffn_stream_close(ffn_stream *s) {
     if (s->fd >= 0) close(s->fd);
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].buf);
     free(s->parts);
+    free(s->held);
     free(s->path);
     free(s);
 }

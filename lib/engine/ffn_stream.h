@@ -97,9 +97,31 @@ size_t ffn_stream_bytes(const model *m, unsigned which, long step);
  * call reads it again). */
 int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1, char *err, size_t errlen);
 
-/* Totals so far: bytes read from the file, seconds the caller waited inside
- * ffn_stream_piece, seconds the reader spent reading. Any may be NULL. */
-void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, double *wait_s, double *read_s);
+/* Rows that are in memory already (under a budget, the plan's pinned
+ * bundles): rows(ctx, layer, neuron) is where that neuron's rows are, its
+ * gate row at gate_off, up at up_off and down_t at down_off from it, or NULL
+ * when they must be read. A piece's rows are then read only as the runs of
+ * neurons rows() names NULL (merged over runs of named ones shorter than
+ * FFN_STREAM_GAP_BYTES of a row, which cost less to read through than a read
+ * of their own), and the named ones outside those runs are copied; the slot
+ * holds the same bytes either way (the caller vouches that its rows equal
+ * the file's). ffn_down rows (whole layers) are always read. rows() is called
+ * from the reader thread and must not block. Set before a prompt (or NULL to
+ * read everything again); the source must outlive its use. */
+typedef struct {
+    const uint8_t *(*rows)(void *ctx, int layer, long neuron);
+    void *ctx;
+    size_t gate_off, up_off, down_off;
+} ffn_stream_resident;
+
+#define FFN_STREAM_GAP_BYTES (128u << 10) /* ~ one request's latency at the disk's sequential rate */
+
+void ffn_stream_set_resident(ffn_stream *s, const ffn_stream_resident *r);
+
+/* Totals so far: bytes read from the file, bytes copied from the resident
+ * rows, seconds the caller waited inside ffn_stream_piece, seconds the reader
+ * spent filling slots. Any may be NULL. */
+void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, uint64_t *copied, double *wait_s, double *read_s);
 
 /* Reads bypass the page cache (O_DIRECT); false after the fallback. */
 bool ffn_stream_direct(const ffn_stream *s);
