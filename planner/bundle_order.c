@@ -86,10 +86,11 @@ static double guess_missed_rate(const model_profile *p, int l, const int32_t *me
     return p->n_tokens ? missed / p->n_tokens : 0;
 }
 
-int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
+int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle, bundle_order_kind kind) {
     const int n = p->n_ff, k = per_bundle;
     memset(o, 0, sizeof *o);
     o->per_bundle = k;
+    o->file_order = kind == ORDER_FILE;
     o->n_bundles = (n + k - 1) / k;
     o->n_whole = n / k;
     o->order = malloc(sizeof(int32_t) * (size_t)p->n_layer * (size_t)n);
@@ -103,14 +104,16 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
               scratch;
     for (int l = 0; ok && l < p->n_layer; l++) {
         const uint32_t *layer_counts = p->counts + (size_t)l * n;
-        if (reorder_layer_perm(layer_counts, n, 1, hot)) { /* hottest first, ties by index */
+        if (o->file_order) {
+            for (int i = 0; i < n; i++) hot[i] = i;
+        } else if (reorder_layer_perm(layer_counts, n, 1, hot)) { /* hottest first, ties by index */
             ok = false;
             break;
         }
         double fired = 0;
         for (int i = 0; i < n; i++) fired += layer_counts[i];
         o->active[l] = p->n_tokens ? fired / p->n_tokens : 0;
-        if (k == 1) memcpy(grouped, hot, sizeof(int32_t) * (size_t)n);
+        if (k == 1 || o->file_order) memcpy(grouped, hot, sizeof(int32_t) * (size_t)n); /* the file's runs of k */
         else if (group_layer(p, l, hot, k, grouped)) {
             ok = false;
             break;
@@ -124,7 +127,7 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle) {
             rank[b].first = b * k;
             rank[b].p = counted ? (double)union_tokens(p, l, grouped + b * k, len, tokens, scratch) / counted : 0;
         }
-        qsort(rank, (size_t)whole, sizeof *rank, by_need);
+        if (!o->file_order) qsort(rank, (size_t)whole, sizeof *rank, by_need);
         int32_t *dst = o->order + (size_t)l * n;
         for (long b = 0; b < o->n_bundles; b++) {
             const int len = b < whole ? k : n - (int)(b * k);

@@ -24,13 +24,25 @@
 
 #define GROUP_WINDOW 64
 
+/* Which order the bundles follow. ORDER_PROFILE: the model profile's, hottest
+ * first, as above. ORDER_FILE: the model file's own neuron order, for a file
+ * that is already hottest-first (pi2-reorder, from its own calibration): the
+ * pinned neurons are then a prefix of each layer in the file too, which a
+ * prompt under the budget copies from memory instead of reading
+ * (docs/offload.md, "Pinned rows in the prompt"); the profile still says how
+ * often each bundle is needed, and a bundle of k neurons is k neighbours in
+ * the file (no partners by co-activation). ORDER_AUTO: ORDER_FILE for a file with
+ * pi2.reorder metadata, else ORDER_PROFILE. */
+typedef enum { ORDER_AUTO, ORDER_PROFILE, ORDER_FILE } bundle_order_kind;
+
 typedef struct {
     int per_bundle;
     long n_bundles;     /* per layer */
     long n_whole;       /* of them with per_bundle neurons: all but a short last one */
     int32_t *order;     /* [n_layer][n_ff]: the neuron in each slot, as bundle_write takes it */
+    bool file_order;    /* ORDER_FILE: p_bundle follows the file's order, nearly but not strictly descending */
     double *p_bundle;   /* [n_layer][n_bundles]: probability a token needs the bundle, descending per
-                           layer but for a short last bundle */
+                           layer but for a short last bundle (ORDER_PROFILE) */
     double *active;     /* [n_layer]: mean neurons fired per token */
     double *p_unasked;  /* [n_layer][n_bundles], predictor mode (else NULL): probability a token needs the bundle
                            for a member that the guess from the layer's input did not name (at most p_bundle) */
@@ -38,8 +50,8 @@ typedef struct {
                            n most needed bundles of the model are those at or above p_desc[n - 1]) */
 } bundle_order;
 
-/* 0, or -1 when out of memory. */
-int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle);
+/* kind ORDER_PROFILE or ORDER_FILE. 0, or -1 when out of memory. */
+int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle, bundle_order_kind kind);
 void bundle_order_free(bundle_order *o);
 /* p_desc from p_bundle (bundle_order_make calls it); 0, or -1 when out of memory. */
 int bundle_order_sort_needs(bundle_order *o, int n_layer);

@@ -70,6 +70,50 @@ uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
     return (bytes + BUNDLE_ALIGN - 1) / BUNDLE_ALIGN * BUNDLE_ALIGN;
 }
 
+/* A layer's next bundle against another's: more needed first, then the lower layer. */
+static bool ahead(const bundle_order *o, const long *hot, int a, int b) {
+    const double pa = o->p_bundle[(size_t)a * (size_t)o->n_bundles + (size_t)hot[a]];
+    const double pb = o->p_bundle[(size_t)b * (size_t)o->n_bundles + (size_t)hot[b]];
+    return pa > pb || (pa == pb && a < b);
+}
+
+/* heap[0..n) of layers ordered by ahead(): moves heap[i] down to its place */
+static void sift_down(const bundle_order *o, const long *hot, int *heap, int n, int i) {
+    for (;;) {
+        int best = i;
+        const int l = 2 * i + 1, r = l + 1;
+        if (l < n && ahead(o, hot, heap[l], heap[best])) best = l;
+        if (r < n && ahead(o, hot, heap[r], heap[best])) best = r;
+        if (best == i) return;
+        const int t = heap[i];
+        heap[i] = heap[best], heap[best] = t;
+        i = best;
+    }
+}
+
+/* In the file's order a layer's needs are not strictly descending: the `total` bundles are taken one at a
+ * time from the layer whose next whole bundle is most needed (a prefix per layer, as the bundle file
+ * and the prompt's pinned rows want it). Returns how many it took. */
+static long allocate_in_file_order(const bundle_order *o, int n_layer, long total, long *hot) {
+    int *heap = malloc(sizeof(int) * (size_t)n_layer), n = 0;
+    if (!heap) {
+        log_error("out of memory pinning bundles: none pinned");
+        return 0;
+    }
+    for (int l = 0; l < n_layer; l++)
+        if (o->n_whole > 0) heap[n++] = l;
+    for (int i = n / 2 - 1; i >= 0; i--) sift_down(o, hot, heap, n, i);
+    long taken = 0;
+    while (taken < total && n > 0) {
+        const int l = heap[0];
+        hot[l]++, taken++;
+        if (hot[l] == o->n_whole) heap[0] = heap[--n];
+        sift_down(o, hot, heap, n, 0);
+    }
+    free(heap);
+    return taken;
+}
+
 /* the hot bundles: the `total` most needed across layers. Each layer's whole bundles are descending, so
  * per layer a prefix; equal bundles are the same size, so this maximizes the expected hits exactly. A
  * short last bundle (not in the descending order) is pinned only after all its layer's whole ones. */
@@ -82,7 +126,9 @@ static void allocate_hot(const bundle_order *o, int n_layer, long total, long *h
     memset(hot, 0, sizeof(long) * (size_t)n_layer);
     if (total <= 0) return;
     long taken = 0;
-    if (whole > 0) {
+    if (o->file_order) {
+        taken = allocate_in_file_order(o, n_layer, total < all_whole ? total : all_whole, hot);
+    } else if (whole > 0) {
         const double threshold = o->p_desc[(total < all_whole ? total : all_whole) - 1];
         for (int l = 0; l < n_layer; l++) {
             const double *p = o->p_bundle + (size_t)l * n;

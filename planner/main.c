@@ -42,6 +42,10 @@ static void usage(FILE *f) {
             "      --mode MODE         predictor or gate-first (default: predictor if MODEL has one or\n"
             "                          --predictor is given)\n"
             "      --predictor FILE    a pi2-predictor side file for predictor mode (a GGUF model's)\n"
+            "      --order ORDER       which neurons of a layer are pinned first: profile (the calibration's\n"
+            "                          hottest) or file (the model's own order, for a file pi2-reorder made\n"
+            "                          hottest-first: a prompt then copies the pinned rows instead of reading\n"
+            "                          them); default file for such a file, else profile\n"
             "      --reprofile         measure the machine again instead of using the cached profile\n"
             "      --hw-point-seconds S  time per measured point of the hardware profile (default 0.2;\n"
             "                          the whole profile takes about 65 times that)\n"
@@ -88,6 +92,7 @@ static int parse_args(plan_options *o, int argc, char **argv) {
         {"mode", required_argument, 0, 4},       {"reprofile", no_argument, 0, 5},
         {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
         {"hw-point-seconds", required_argument, 0, 6}, {"predictor", required_argument, 0, 7},
+        {"order", required_argument, 0, 8},
         {0, 0, 0, 0},
     };
     int c;
@@ -115,6 +120,11 @@ static int parse_args(plan_options *o, int argc, char **argv) {
         case 5: o->reprofile = true; break;
         case 6: bad = cli_parse_double(optarg, "--hw-point-seconds", 0.001, 60, &o->hw_point_seconds); break;
         case 7: o->predictor_path = optarg; break;
+        case 8:
+            if (strcmp(optarg, "profile") == 0) o->order = ORDER_PROFILE;
+            else if (strcmp(optarg, "file") == 0) o->order = ORDER_FILE;
+            else log_error("--order '%s': profile or file", optarg), bad = 1;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

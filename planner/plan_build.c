@@ -469,6 +469,19 @@ static double min_active(const planning *pl) {
 
 /* ---- the steps ---- */
 
+/* ORDER_AUTO: the file's order when pi2-reorder made it hottest-first (its pi2.reorder.* keys). */
+static bundle_order_kind bundle_order_for(const model *m, bundle_order_kind asked) {
+    uint64_t granularity;
+    const bool hottest_first = gguf_get_uint(&m->gguf, "pi2.reorder.granularity", &granularity);
+    const bundle_order_kind kind = asked != ORDER_AUTO ? asked : hottest_first ? ORDER_FILE : ORDER_PROFILE;
+    if (kind == ORDER_FILE)
+        log_info("bundles in the model file's neuron order%s: the pinned neurons are a prefix of each layer in it",
+                 hottest_first ? " (hottest-first, by pi2-reorder)" : " (--order file)");
+    else if (hottest_first)
+        log_info("--order profile: bundles hottest-first by the calibration, not in the file's order");
+    return kind;
+}
+
 static int plan_steps(planning *pl) {
     const plan_options *o = pl->o;
     char err[512];
@@ -515,8 +528,9 @@ static int plan_steps(planning *pl) {
         layout_fixed_of(&pl->prefill_in[p], &pl->prefill_fixed[p]);
     }
     if (read_prompts(pl) || hardware_profile(pl) || model_profile_step(pl)) return -1;
+    const bundle_order_kind order = bundle_order_for(&pl->m, o->order);
     for (int c = 0; c < N_CHOICES; c++)
-        if (bundle_order_make(&pl->orders[c], &pl->prof, per_bundle_choice[c])) {
+        if (bundle_order_make(&pl->orders[c], &pl->prof, per_bundle_choice[c], order)) {
             log_error("out of memory ordering bundles");
             return -1;
         }

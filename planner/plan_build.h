@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bundle_order.h"
 #include "engine/ffn_mode.h"
 
 typedef struct {
@@ -16,6 +17,7 @@ typedef struct {
     double hw_point_seconds; /* 0: the hardware profile's default */
     int tokens, ctx, threads;
     ffn_mode mode;
+    bundle_order_kind order; /* which order pins a prefix of each layer (bundle_order.h) */
     bool mode_given, reprofile;
     bool tokens_given; /* -n: say so if the prompts run out before it */
 } plan_options;

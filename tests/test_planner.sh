@@ -18,12 +18,16 @@
 #     by `pi2 plan show` / plan_load with the file named;
 #   - a pi2-predictor side file plans a GGUF file in predictor mode; one of
 #     another model is refused;
+#   - the bundle order: on a file pi2-reorder made hottest-first the bundles
+#     follow the file's neuron order (the pinned neurons a prefix of each
+#     layer), as --order file asks of any file; --order profile orders them
+#     by the calibration instead; both pin about as many bundles;
 #   - bad arguments exit 2.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=tests/sh/stack_common.sh
 . tests/sh/stack_common.sh
-require_programs pi2 planner mkmodel
+require_programs pi2 planner mkmodel pi2-reorder gguf-info
 
 export XDG_CACHE_HOME=$TMP/cache
 PLAN=("$BIN/pi2" plan --hw-point-seconds 0.01)
@@ -149,7 +153,31 @@ printf '\x55' | dd of="$TMP/flip.pb" bs=1 seek=30 conv=notrunc status=none
 "$BIN/pi2" plan show "$TMP/flip.pb" >/dev/null 2>"$TMP/flip.err"
 [ $? -eq 1 ] && grep -q "checksum" "$TMP/flip.err"; check "a corrupted plan is refused (checksum)" $?
 
+# the bundle order
+order_of() { # the first 8 slots of the bundle file's order
+    "$BIN/gguf-info" "$1/bundles.gguf" 2>/dev/null | sed -n 's/.*pi2.bundle.order = int32\[[0-9]*\] \[//p' |
+        tr -c '0-9\n' ' ' | awk '{ print $1, $2, $3, $4, $5, $6, $7, $8 }'
+}
+pinned() { sed -n 's/^  hot .* \([0-9]*\) of [0-9]* bundles pinned.*/\1/p' "$1"; }
+"$BIN/pi2-reorder" -m "$TMP/m.pwri" -o "$TMP/r.pwri" -n 64 --gen 8 >/dev/null 2>&1
+check "pi2-reorder orders the small model hottest-first" $?
+"${PLAN[@]}" -m "$TMP/r.pwri" --mem-budget 150M -o "$TMP/pr" >"$TMP/pr.out" 2>"$TMP/pr.err" &&
+    grep -q "model file's neuron order (hottest-first, by pi2-reorder)" "$TMP/pr.err" &&
+    [ "$(order_of "$TMP/pr")" = "0 1 2 3 4 5 6 7" ]
+check "a hottest-first file: the bundles follow its neuron order ($(order_of "$TMP/pr"))" $?
+"${PLAN[@]}" -m "$TMP/r.pwri" --order profile --mem-budget 150M -o "$TMP/pp" >"$TMP/pp.out" 2>"$TMP/pp.err" &&
+    grep -q "^  hot " "$TMP/pp.out" && [ "$(order_of "$TMP/pp")" != "0 1 2 3 4 5 6 7" ]
+check "--order profile: the calibration's order instead ($(order_of "$TMP/pp"))" $?
+a=$(pinned "$TMP/pr.out") b=$(pinned "$TMP/pp.out")
+[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt 0 ] && [ $((a * 10)) -ge $((b * 8)) ] && [ $((b * 10)) -ge $((a * 8)) ]
+check "file and profile order pin about as many bundles ($a, $b)" $?
+"${PLAN[@]}" -m "$TMP/m.pwri" --order file --mem-budget 150M -o "$TMP/pf" >/dev/null 2>"$TMP/pf.err" &&
+    grep -q "model file's neuron order (--order file)" "$TMP/pf.err" && [ "$(order_of "$TMP/pf")" = "0 1 2 3 4 5 6 7" ]
+check "--order file on any file: the file's neuron order" $?
+
 # bad arguments
+"$BIN/pi2" plan -m "$TMP/m.pwri" --order hot --mem-budget 1G -o "$TMP/x" >/dev/null 2>"$TMP/x.err"
+[ $? -eq 2 ] && grep -q "profile or file" "$TMP/x.err"; check "a bad --order: exit 2, named" $?
 "$BIN/pi2" plan -m "$TMP/m.pwri" -o "$TMP/x" >/dev/null 2>&1
 [ $? -eq 2 ]; check "no budget and no target: exit 2" $?
 "$BIN/pi2" plan -m "$TMP/m.pwri" --mem-budget 2X -o "$TMP/x" >/dev/null 2>"$TMP/x.err"
