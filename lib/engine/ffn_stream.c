@@ -482,8 +482,12 @@ int ffn_stream_piece(ffn_stream *s, int l, long n0, layer_weights *out, long *n1
 
 void ffn_stream_set_resident(ffn_stream *s, const ffn_stream_resident *r) {
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n_slots; i++) /* a read in progress finishes with the source it began with */
-        while (s->slots[i].state == SLOT_READING) pthread_cond_wait(&s->done, &s->mu);
+    /* a read in progress finishes with the source it began with; the reader starts the next under mu */
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].state == SLOT_READING) {
+            pthread_cond_wait(&s->done, &s->mu);
+            i = -1; /* look at every slot again */
+        }
     s->resident = r ? *r : (ffn_stream_resident){0};
     pthread_mutex_unlock(&s->mu);
 }
