@@ -66,7 +66,10 @@ int prefiller_run(prefiller *p, const int32_t *tokens, int n, int first, uint32_
     run_ctx r = {p, epoch, tick, tick_ctx};
     const prompt_ffn_source staged = {stage_piece, p};
     p->error[0] = 0;
-    if (p->stream) ffn_stream_set_resident(p->stream, pinned_rows_source(p->pinned));
+    if (p->stream) { /* no read ahead still copying from a segment pinned_rows_source may let go */
+        ffn_stream_set_resident(p->stream, NULL);
+        ffn_stream_set_resident(p->stream, pinned_rows_source(p->pinned));
+    }
     const int rc = prompt_pass_run(p->pass, tokens, n, first, stack_kv, &r, step, &r, p->stream ? &staged : NULL);
     if (p->stream) log_streamed(p);
     if (rc) return p->error[0] ? PREFILL_ERROR : -1;
