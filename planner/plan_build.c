@@ -480,9 +480,9 @@ static bundle_order_kind bundle_order_for(const model *m, bundle_order_kind aske
     else if (hottest_first)
         log_info("--order profile: bundles hottest-first by the calibration, not in the file's order");
     else if (m->layers[0].down_t.data) /* a PWRI file: its prompt could copy pinned rows instead of reading them */
-        log_info("the model's hot neurons lie all over each layer, so a prompt under the budget reads every FFN "
-                 "row; a copy ordered hottest-first (pi2-reorder -m MODEL -o HOT.pwri, then plan HOT.pwri) lets it "
-                 "copy the pinned ones (docs/offload.md)");
+        log_info("a prompt under the budget copies pinned neurons' rows only where they lie together in the "
+                 "file: a copy ordered hottest-first (pi2-reorder -m MODEL -o HOT.pwri, then plan HOT.pwri) keeps "
+                 "them together (docs/offload.md)");
     return kind;
 }
 
