@@ -96,11 +96,12 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
     const double guess_s =
         ahead ? stream_s(in->guess_whole_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, 1, mem) +
                     stream_s(in->guess_split_bytes / (double)in->gate_row, (double)in->gate_row, hw->dense_rows_s, T, mem) +
-                    in->n_layer * hw->bus_rtt_us * 0.5e-6
+                    in->n_layer * hw->wake_us * 0.5e-6 /* the batch into the ring, the doorbell rung */
               : 0;
     /* a miss the guess did not name is asked for at the FFN step, which waits for it: a read at depth 1
-     * and a bus round trip, once a layer in which any worker meets one (it waits at the barrier for it) */
-    const double round_trip_s = 1 / hw_io_iops(hw, in->stride, 1) + hw->bus_rtt_us * 1e-6;
+     * and the doorbell's round trip, once a layer in which any worker meets one (it waits at the barrier
+     * for it) */
+    const double round_trip_s = 1 / hw_io_iops(hw, in->stride, 1) + hw->wake_us * 1e-6;
     for (int l = 0; l < in->n_layer; l++) {
         double need, unasked;
         const double miss = layer_misses(in, lay, l, tc, &need, &unasked), ffn_s = layer_ffn_s(in, hw, T, mem, l);

@@ -14,13 +14,14 @@
  *
  * The reads overlap computing: in predictor mode from the start of the layer
  * (the cpu-workers ask for the predicted misses before attention, running
- * the predictor a second time and sending the batch: guess_*_bytes, half a
- * bus round trip), in gate-first from the FFN step
+ * the predictor a second time and putting the batch in its ring: guess_*_bytes,
+ * half the doorbell's round trip), in gate-first from the FFN step
  * (the gate rows decide); the chunks whose bundles were read compute as
  * they land. A miss the guess did not name is asked for at the FFN step and
- * waited for: a read at depth 1 and a bus round trip, in every layer where
- * a token meets one (1 - exp(-expected such misses) of the layers). Every read also takes the io-worker's CPU time (io_cpu_us), and
- * every batch its messages (io_batch_us; two batches a layer when asking
+ * waited for: a read at depth 1 and the doorbell's round trip, in every layer
+ * where a token meets one (1 - exp(-expected such misses) of the layers).
+ * Every read also takes the io-worker's CPU time (io_cpu_us), and
+ * every batch its wake-ups (io_batch_us; two batches a layer when asking
  * ahead, the guess's and the step's for what the guess missed, one in
  * gate-first): where the io-worker
  * shares a core with a cpu-worker, that worker's layer is longer by them, and
@@ -58,8 +59,8 @@ typedef struct {
     int threads;                   /* decode compute threads in all */
     double io_cpu_us;              /* a compute core's time per bundle read (the io-worker's, on the core
                                       it shares); 0 when the io-worker has a core of its own */
-    double io_batch_us;            /* the same per batch of a layer that reads: taking each cpu-worker's
-                                      batch of misses and answering it (0 likewise) */
+    double io_batch_us;            /* the same per batch of a layer that reads: waking for each cpu-worker's
+                                      batch of misses and for its completions (0 likewise) */
 } cost_layout;
 
 typedef struct {

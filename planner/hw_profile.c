@@ -320,8 +320,8 @@ int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, 
     if (measure_memory_and_kernels(h, h->down_type, seconds, &p, err, errlen) ||
         hw_profile_measure_io(h, o->model_path, seconds, progress_step, &p, err, errlen))
         return -1;
-    progress_step(&p, "bus round trip");
-    if (hw_profile_measure_bus(h, err, errlen)) return -1;
+    progress_step(&p, "bus and doorbell round trips");
+    if (hw_profile_measure_bus(h, err, errlen) || hw_profile_measure_wake(h, err, errlen)) return -1;
     h->seconds = clock_seconds() - start;
     if (o->progress) o->progress(o->progress_ctx, "done", 1.0);
     return 0;

@@ -18,7 +18,7 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 5 /* 5: reads checked with lanesum64, as the io-worker checks them */
+#define HW_PROFILE_VERSION 6 /* 6: the doorbell's wake-up (wake_us) */
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 9 /* queue depths: 1, 2, 4, ... 256 (a disk that still speeds up past 64: bench/offload) */
 #define HW_IO_CPU_DEPTH 64 /* the depth whose reads' CPU time the profile keeps */
@@ -52,6 +52,8 @@ typedef struct {
     double io_cpu_us[HW_IO_SIZES], checked_cpu_us[HW_IO_SIZES];
     double seq_mbs;           /* sequential 1 MiB reads (4 in flight), MB/s (1e6 bytes) */
     double bus_rtt_us;        /* ZeroMQ request-reply round trip over ipc, microseconds (median) */
+    double wake_us;           /* a thread asleep on a named pipe rung until it answers in shared memory, as the
+                                 io-worker's doorbell and a cpu-worker's bundle ring: microseconds (median) */
     double seconds;           /* how long the measurement took */
 } hw_profile;
 
@@ -114,6 +116,8 @@ double hw_io_cpu_us(const hw_profile *h, size_t bytes, bool verify);
 typedef void (*hw_step_fn)(void *ctx, const char *step);
 int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_per_point, hw_step_fn step,
                           void *step_ctx, char *err, size_t errlen);
+/* The wake-up part (hw_profile_wake.c): fills wake_us. 0, or -1 with err set. */
+int hw_profile_measure_wake(hw_profile *h, char *err, size_t errlen);
 /* The bus part (hw_profile_bus.c): fills bus_rtt_us. 0, or -1 with err set. */
 int hw_profile_measure_bus(hw_profile *h, char *err, size_t errlen);
 

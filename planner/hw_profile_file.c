@@ -27,7 +27,7 @@ typedef struct {
     size_t cap;    /* TEXT: the buffer's size */
 } field;
 
-#define N_FIELDS (17 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
+#define N_FIELDS (18 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
                                                                         counts the lines) */
 
 /* The fields of h in file order (version first); returns their count. */
@@ -62,6 +62,7 @@ static int profile_fields(hw_profile *h, field *f) {
     }
     DOUBLE_FIELD(seq_mbs, 1e7);
     DOUBLE_FIELD(bus_rtt_us, 1e7);
+    DOUBLE_FIELD(wake_us, 1e7);
     DOUBLE_FIELD(seconds, 1e6);
 #undef INT_FIELD
 #undef DOUBLE_FIELD

@@ -176,11 +176,11 @@ int main(void) {
           "more pinned bundles are never predicted slower");
 
     /* the guess misses each bundle with probability 0.05 a token: 0.4 unnamed misses a layer, met in
-     * 1 - e^-0.4 of the layers, each a read at depth 1 (100 us) and a bus round trip (20 us) more */
+     * 1 - e^-0.4 of the layers, each a read at depth 1 (100 us) and the doorbell's round trip (20 us) more */
     static double p_unasked[N_LAYER * N_BUNDLES];
     for (int i = 0; i < N_LAYER * N_BUNDLES; i++) p_unasked[i] = 0.05;
     hw_profile slow_bus = slow_disk;
-    slow_bus.bus_rtt_us = 20;
+    slow_bus.bus_rtt_us = slow_bus.wake_us = 20;
     const double named = predict_us(&in, &slow_bus, none_hot, 5);
     in.p_unasked = p_unasked;
     us = predict_us(&in, &slow_bus, none_hot, 5);

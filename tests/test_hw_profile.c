@@ -82,7 +82,8 @@ static void check_measured(const hw_profile *h, const model *m, const char *mode
     double best4 = 0, best32 = 0;
     for (int d = 0; d < HW_IO_DEPTHS; d++) best4 = fmax(best4, h->iops[0][d]), best32 = fmax(best32, h->iops[4][d]);
     CHECK(best4 >= 0.5 * best32, "4 KiB %g reads/s against 32 KiB %g at their best depths", best4, best32);
-    CHECK(positive(h->seq_mbs) && positive(h->bus_rtt_us), "seq %g MB/s, bus %g us", h->seq_mbs, h->bus_rtt_us);
+    CHECK(positive(h->seq_mbs) && positive(h->bus_rtt_us) && positive(h->wake_us), "seq %g MB/s, bus %g us, wake %g us",
+          h->seq_mbs, h->bus_rtt_us, h->wake_us);
     int bad_cpu = 0;
     for (int s = 0; s < HW_IO_SIZES; s++)
         bad_cpu += !positive(h->io_cpu_us[s]) || !positive(h->checked_cpu_us[s]) || h->io_cpu_us[s] > 1e4;
@@ -108,9 +109,9 @@ static void test_measure(const model *m, const char *model_path, hw_profile *h) 
     CHECK(hw_profile_measure(&none, m, &absent, err, sizeof err) == -1 && strstr(err, absent.model_path),
           "measure without a model file: %s", err);
     printf("measured: %s, %s, %g s, memory %.1f / %.1f GB/s, rows/s %.3g / %.3g / %.3g, 4 KiB x1 %.0f, x32 %.0f "
-           "reads/s, seq %.0f MB/s, bus %.1f us, O_DIRECT %d\n",
+           "reads/s, seq %.0f MB/s, bus %.1f us, wake %.1f us, O_DIRECT %d\n",
            h->cpu, h->kernels, h->seconds, h->mem_gbs_one, h->mem_gbs_all, h->dense_rows_s, h->sparse_rows_s,
-           h->axpy_rows_s, h->iops[0][0], h->iops[0][5], h->seq_mbs, h->bus_rtt_us, h->o_direct);
+           h->axpy_rows_s, h->iops[0][0], h->iops[0][5], h->seq_mbs, h->bus_rtt_us, h->wake_us, h->o_direct);
 }
 
 /* ---- the file ---- */
@@ -123,7 +124,7 @@ static bool same_profile(const hw_profile *a, const hw_profile *b) {
            a->o_direct == b->o_direct && !memcmp(a->iops, b->iops, sizeof a->iops) &&
            !memcmp(a->io_cpu_us, b->io_cpu_us, sizeof a->io_cpu_us) &&
            !memcmp(a->checked_cpu_us, b->checked_cpu_us, sizeof a->checked_cpu_us) && a->seq_mbs == b->seq_mbs &&
-           a->bus_rtt_us == b->bus_rtt_us && a->seconds == b->seconds;
+           a->bus_rtt_us == b->bus_rtt_us && a->wake_us == b->wake_us && a->seconds == b->seconds;
 }
 
 static char *read_text(const char *path) {
@@ -179,9 +180,9 @@ static void test_file(const hw_profile *h) {
     const char *text = read_text(path);
     const int n_lines = line_of(text, "seconds");
     /* version cpu n_cpus kernels mem_gbs_one mem_gbs_all weight_type down_type row_len dense_rows_s
-     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us seconds, the IOPS grid and the CPU per
+     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us wake_us seconds, the IOPS grid and the CPU per
      * read of each size, plain and checked */
-    CHECK(n_lines == 17 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES, "%d lines", n_lines);
+    CHECK(n_lines == 18 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES, "%d lines", n_lines);
 
     replace_line(bad, sizeof bad, text, "mem_gbs_all", "");
     check_refused("missing", bad, (const char *[]){"mem_gbs_all", "missing"}, 2);
