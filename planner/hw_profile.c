@@ -297,6 +297,14 @@ static void cpu_model_name(char *out, size_t outlen) {
     fclose(f);
 }
 
+int hw_profile_scratch_dir(char *dir, const char *what, char *err, size_t errlen) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, PATH_MAX, "%s/pi2-hw-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", what);
+    if (mkdtemp(dir)) return 0;
+    err_set(err, errlen, "%s: mkdtemp %s: %s", what, dir, strerror(errno));
+    return -1;
+}
+
 void hw_profile_identify(hw_profile *h) {
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     h->n_cpus = cpus > 0 ? (int)cpus : 1;

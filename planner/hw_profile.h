@@ -116,6 +116,9 @@ double hw_io_cpu_us(const hw_profile *h, size_t bytes, bool verify);
 typedef void (*hw_step_fn)(void *ctx, const char *step);
 int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_per_point, hw_step_fn step,
                           void *step_ctx, char *err, size_t errlen);
+/* A fresh directory for a measurement's named files, $TMPDIR/pi2-hw-WHAT-XXXXXX (else /tmp), into dir
+ * (PATH_MAX bytes); the caller removes it. 0, or -1 with err set. */
+int hw_profile_scratch_dir(char *dir, const char *what, char *err, size_t errlen);
 /* The wake-up part (hw_profile_wake.c): fills wake_us. 0, or -1 with err set. */
 int hw_profile_measure_wake(hw_profile *h, char *err, size_t errlen);
 /* The bus part (hw_profile_bus.c): fills bus_rtt_us. 0, or -1 with err set. */

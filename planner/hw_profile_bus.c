@@ -64,13 +64,8 @@ static int time_round_trips(void *req, double *us, char *err, size_t errlen) {
 /* Median microseconds of a ZeroMQ request-reply over ipc:// in a temporary
  * directory (removed afterwards), between two threads. */
 int hw_profile_measure_bus(hw_profile *h, char *err, size_t errlen) {
-    const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX], sock[PATH_MAX + 16], endpoint[PATH_MAX + 32];
-    snprintf(dir, sizeof dir, "%s/pi2-hw-bus-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        err_set(err, errlen, "bus: mkdtemp %s: %s", dir, strerror(errno));
-        return -1;
-    }
+    if (hw_profile_scratch_dir(dir, "bus", err, errlen)) return -1;
     snprintf(sock, sizeof sock, "%s/rtt.sock", dir);
     snprintf(endpoint, sizeof endpoint, "ipc://%s", sock);
     int rc = -1;

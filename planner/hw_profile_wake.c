@@ -44,10 +44,8 @@ static void *sleeper(void *arg) {
 
 /* Median microseconds from a ring to the answer, over a pipe in a temporary directory (removed after). */
 int hw_profile_measure_wake(hw_profile *h, char *err, size_t errlen) {
-    const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX], path[PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%s/pi2-hw-wake-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) return err_set(err, errlen, "wake: mkdtemp %s: %s", dir, strerror(errno)), -1;
+    if (hw_profile_scratch_dir(dir, "wake", err, errlen)) return -1;
     snprintf(path, sizeof path, "%s/bell", dir);
     int rc = -1;
     sleeper_args s = {.fd = -1, .rounds = WAKE_WARMUP + WAKE_ROUNDS};

@@ -472,7 +472,7 @@ static double min_active(const planning *pl) {
 /* ORDER_AUTO: the file's order when pi2-reorder made it hottest-first (its pi2.reorder.* keys). */
 static bundle_order_kind bundle_order_for(const model *m, bundle_order_kind asked) {
     uint64_t granularity;
-    const bool hottest_first = gguf_get_uint(&m->gguf, "pi2.reorder.granularity", &granularity);
+    const bool hottest_first = gguf_get_uint(&m->gguf, REORDER_KEY_GRANULARITY, &granularity);
     const bundle_order_kind kind = asked != ORDER_AUTO ? asked : hottest_first ? ORDER_FILE : ORDER_PROFILE;
     if (kind == ORDER_FILE)
         log_info("bundles in the model file's neuron order%s: the pinned neurons are a prefix of each layer in it",
