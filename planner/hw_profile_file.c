@@ -30,35 +30,48 @@ typedef struct {
 #define N_FIELDS (18 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
                                                                         counts the lines) */
 
+/* f[*n], then *n + 1. A field added to profile_fields without growing
+ * N_FIELDS stops the program here rather than writing past the table. */
+static field *next_field(field *f, int *n) {
+    if (*n >= N_FIELDS) {
+        fprintf(stderr, "hw_profile_file.c: more than N_FIELDS (%d) profile fields: grow N_FIELDS\n", N_FIELDS);
+        abort();
+    }
+    return &f[(*n)++];
+}
+
 /* The fields of h in file order (version first); returns their count. */
 static int profile_fields(hw_profile *h, field *f) {
     int n = 0;
-#define INT_FIELD(name, lo_, hi_) f[n++] = (field){#name, FIELD_INT, &h->name, lo_, hi_, 0}
-#define DOUBLE_FIELD(name, hi_) f[n++] = (field){#name, FIELD_DOUBLE, &h->name, 0, hi_, 0}
+#define INT_FIELD(name, lo_, hi_) *next_field(f, &n) = (field){#name, FIELD_INT, &h->name, lo_, hi_, 0}
+#define DOUBLE_FIELD(name, hi_) *next_field(f, &n) = (field){#name, FIELD_DOUBLE, &h->name, 0, hi_, 0}
     INT_FIELD(version, 0, INT_MAX);
-    f[n++] = (field){"cpu", FIELD_TEXT, h->cpu, 0, 0, sizeof h->cpu};
+    *next_field(f, &n) = (field){"cpu", FIELD_TEXT, h->cpu, 0, 0, sizeof h->cpu};
     INT_FIELD(n_cpus, 1, 1 << 20);
-    f[n++] = (field){"kernels", FIELD_TEXT, h->kernels, 0, 0, sizeof h->kernels};
+    *next_field(f, &n) = (field){"kernels", FIELD_TEXT, h->kernels, 0, 0, sizeof h->kernels};
     DOUBLE_FIELD(mem_gbs_one, 1e5);
     DOUBLE_FIELD(mem_gbs_all, 1e5);
-    f[n++] = (field){"weight_type", FIELD_WEIGHT_TYPE, &h->weight_type, 0, 0, 0};
-    f[n++] = (field){"down_type", FIELD_WEIGHT_TYPE, &h->down_type, 0, 0, 0};
+    *next_field(f, &n) = (field){"weight_type", FIELD_WEIGHT_TYPE, &h->weight_type, 0, 0, 0};
+    *next_field(f, &n) = (field){"down_type", FIELD_WEIGHT_TYPE, &h->down_type, 0, 0, 0};
     INT_FIELD(row_len, 1, 1 << 24);
     DOUBLE_FIELD(dense_rows_s, 1e13);
     DOUBLE_FIELD(sparse_rows_s, 1e13);
     DOUBLE_FIELD(axpy_rows_s, 1e13);
-    f[n++] = (field){"fs_dev", FIELD_U64, &h->fs_dev, 0, 0, 0};
-    f[n++] = (field){"o_direct", FIELD_BOOL, &h->o_direct, 0, 0, 0};
+    *next_field(f, &n) = (field){"fs_dev", FIELD_U64, &h->fs_dev, 0, 0, 0};
+    *next_field(f, &n) = (field){"o_direct", FIELD_BOOL, &h->o_direct, 0, 0, 0};
     for (int s = 0; s < HW_IO_SIZES; s++)
         for (int d = 0; d < HW_IO_DEPTHS; d++) {
-            f[n] = (field){"", FIELD_DOUBLE, &h->iops[s][d], 0, 1e9, 0};
-            snprintf(f[n++].key, sizeof f->key, "iops.%d.%d", hw_io_size_kib[s], hw_io_depth[d]);
+            field *x = next_field(f, &n);
+            *x = (field){"", FIELD_DOUBLE, &h->iops[s][d], 0, 1e9, 0};
+            snprintf(x->key, sizeof x->key, "iops.%d.%d", hw_io_size_kib[s], hw_io_depth[d]);
         }
     for (int s = 0; s < HW_IO_SIZES; s++) {
-        f[n] = (field){"", FIELD_DOUBLE, &h->io_cpu_us[s], 0, 1e6, 0};
-        snprintf(f[n++].key, sizeof f->key, "io_cpu_us.%d", hw_io_size_kib[s]);
-        f[n] = (field){"", FIELD_DOUBLE, &h->checked_cpu_us[s], 0, 1e6, 0};
-        snprintf(f[n++].key, sizeof f->key, "checked_cpu_us.%d", hw_io_size_kib[s]);
+        field *x = next_field(f, &n);
+        *x = (field){"", FIELD_DOUBLE, &h->io_cpu_us[s], 0, 1e6, 0};
+        snprintf(x->key, sizeof x->key, "io_cpu_us.%d", hw_io_size_kib[s]);
+        x = next_field(f, &n);
+        *x = (field){"", FIELD_DOUBLE, &h->checked_cpu_us[s], 0, 1e6, 0};
+        snprintf(x->key, sizeof x->key, "checked_cpu_us.%d", hw_io_size_kib[s]);
     }
     DOUBLE_FIELD(seq_mbs, 1e7);
     DOUBLE_FIELD(bus_rtt_us, 1e7);
