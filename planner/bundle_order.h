@@ -11,7 +11,9 @@
  * last, where the bundle file puts it.
  *
  * For k > 1 the co-activation is counted on the even calibration tokens and
- * how often a bundle is needed on the odd ones. Counted on the tokens that
+ * how often a bundle is needed on the odd ones; for k = 1 (profile order)
+ * the need at each place of the order comes from tokens that did not rank
+ * its neuron (bundle_order.c, held_out_needs). Counted on the tokens that
  * chose them, partners picked as the best of GROUP_WINDOW looked more
  * co-firing than they are: on the 7B file, whose neurons fire independently,
  * 2-neuron bundles were predicted to need 80.9 % hits' worth of reads (a
