@@ -212,11 +212,13 @@ static void own_hidden_rows(const decoder *d, int l, long *r0, long *r1) {
 /* Under a budget, before attention: the predictor on the layer's input
  * (x before attention, which attention changes little) names the neurons
  * likely to fire, and their missing bundles are read while attention runs
- * (ffn_offload_prefetch). Private buffers only: the other workers are in
- * their own attention. d->xb and d->pred_conv are overwritten later. */
+ * (ffn_offload_prefetch); not for a layer the plan pins whole. Private
+ * buffers only: the other workers are in their own attention. d->xb and
+ * d->pred_conv are overwritten later. */
 static void step_prefetch(decoder *d, const decode_step *s) {
     const model *m = d->m;
     const int l = s->layer;
+    if (!ffn_offload_ahead_begin(d->offload, l)) return;
     const float *x = d->x_layers + (size_t)l * m->n_embd;
     predictor_prepare(d->pred, l, x, predictor_guess_ffn_in(d->pred, l, x, d->xb), d->ahead_hidden, &d->pred_conv);
     const ffn_layer f = {.m = m, .k = d->k, .layer = l, .mode = FFN_PREDICTOR, .pred = d->pred,
@@ -400,6 +402,9 @@ void decoder_publish_stats(decoder *d, proc_row *row) {
 static void log_offload_stats(const decoder *d, const char *who) {
     const offload_tally t = *ffn_offload_get_stats(d->offload);
     const ffn_prefetch_tally a = *ffn_offload_get_prefetch_stats(d->offload);
+    if (a.steps)
+        log_info("%s guessed its misses ahead on %llu of %llu layer steps (not on a layer the plan pins whole)", who,
+                 (unsigned long long)a.guessed, (unsigned long long)a.steps);
     if (a.asked)
         log_info("%s asked ahead for %llu bundles: %.1f%% of them needed and there in time, %.1f%% needed and "
                  "still being read, %.1f%% not needed; %.1f%% of the misses asked for ahead",

@@ -547,6 +547,14 @@ static void forget_ahead(ffn_offload *o) {
     o->ahead_batch = 0;
 }
 
+bool ffn_offload_ahead_begin(ffn_offload *o, int l) {
+    forget_ahead(o);
+    o->prefetch.steps++;
+    const bool reads = o->off->plan->hot_bundles[l] < (uint32_t)o->off->n_bundles;
+    o->prefetch.guessed += reads;
+    return reads;
+}
+
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
                           ffn_scratch *scratch) {
     const int l = f->layer;

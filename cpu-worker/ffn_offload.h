@@ -10,6 +10,7 @@
 #ifndef PI2_CPU_FFN_OFFLOAD_H
 #define PI2_CPU_FFN_OFFLOAD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/ffn_chunks.h"
@@ -45,10 +46,17 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
                           ffn_scratch *scratch);
 
+/* Before layer l's guess: forgets the previous layer's bundles asked for
+ * ahead, and says whether asking ahead can find anything to read: false when
+ * the plan pins every bundle of the layer, where the guess (a predictor pass
+ * over the layer's input) would only cost time. */
+bool ffn_offload_ahead_begin(ffn_offload *o, int l);
+
 /* Beside offload_tally.read_ahead (bundles asked ahead that the FFN step needed). */
 typedef struct {
     uint64_t asked; /* bundles asked for ahead */
     uint64_t late;  /* needed, and still being read when the FFN step looked */
+    uint64_t guessed, steps; /* layer steps whose misses were guessed ahead, of all before which it was asked */
 } ffn_prefetch_tally;
 
 /* This worker's running counts. */

@@ -25,7 +25,9 @@
 #     root), no computing thread does; with realtime-io=off in the config none
 #     does, and the text is the same;
 #   - asking ahead: under a budget some reads are asked for before the
-#     layer's attention (pi2 status ahead%); with PI2_PREFETCH=0 none are,
+#     layer's attention (pi2 status ahead%), every layer step guesses its
+#     misses, and none does under a plan that pins every bundle (the same
+#     text); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
 #   - the plan's prompt step is the stack's when its config sets none, and a
@@ -230,6 +232,38 @@ cmp -s "$TMP/ref.txt" "$TMP/out-60-nort.txt"
 check "at 60 % with realtime-io=off the text equals the unbudgeted run's" $?
 check_priorities "$NORT_RUN" 0
 "$PI2" down -r "$NORT_RUN" >/dev/null 2>&1
+
+# guesses RUN: "GUESSED STEPS" from cpu-worker.0's closing log line (the worker stopped with TERM for it)
+guesses() {
+    local dir log line="" i
+    dir=$("$PI2" rundir -r "$1") log=$dir/logs/cpu-worker.0.log
+    kill -TERM "$(cat "$dir/cpu-worker.0.pid")" 2>/dev/null
+    for ((i = 0; i < 100; i++)); do
+        line=$(sed -n 's/.*guessed its misses ahead on \([0-9]*\) of \([0-9]*\) layer steps.*/\1 \2/p' "$log" | tail -n 1)
+        [ -n "$line" ] && break
+        sleep 0.1
+    done
+    echo "$line"
+}
+# a budget that pins every bundle: no layer's misses are guessed ahead (nothing could be read), the same
+# text; at 60 % they are
+"$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$MODEL" \
+    --mem-budget "$((SIZE * 3 / 1048576))M" -o "$TMP/plan-all" >/dev/null 2>&1
+check "pi2 plan at 300 % of the file" $?
+new_run RA
+"$PI2" up -r "$RA" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-all" >/dev/null 2>&1 &&
+    generate "$RA" "$TMP/out-all.txt" && cmp -s "$TMP/ref.txt" "$TMP/out-all.txt"
+check "every bundle pinned: the text equals the unbudgeted run's" $?
+g=$(guesses "$RA")
+awk -v g="$g" 'BEGIN { split(g, f, " "); exit !(g != "" && f[1] == 0 && f[2] > 0) }'
+check "every bundle pinned: no layer step guesses its misses ahead (guessed, steps: ${g:-no log line})" $?
+"$PI2" down -r "$RA" >/dev/null 2>&1
+new_run RA
+"$PI2" up -r "$RA" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-60" >/dev/null 2>&1 && generate "$RA" "$TMP/out-60-g.txt"
+g=$(guesses "$RA")
+awk -v g="$g" 'BEGIN { split(g, f, " "); exit !(g != "" && f[1] > 0 && f[1] == f[2]) }'
+check "at 60 %: every layer step guesses its misses ahead (guessed, steps: ${g:-no log line})" $?
+"$PI2" down -r "$RA" >/dev/null 2>&1
 
 # PI2_LEND=0: the lent bundles stay out, so decode hits less; the same text
 at_60_with PI2_LEND=0 "without lending" nolend
