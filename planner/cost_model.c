@@ -113,7 +113,9 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
                    fmax(miss - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
         /* asking ahead, each worker sends a layer two batches: the guess's, and the step's for what it missed */
         const double io_cpu_l = miss > 0 ? (miss * lay->io_cpu_us + (ahead ? 2 : 1) * lay->io_batch_us) * 1e-6 : 0;
-        const double dense_l = (dense_s + guess_s) / in->n_layer;
+        /* no guess on a layer pinned whole: nothing of it can miss (cpu-worker/ffn_offload.h) */
+        const bool guessed = ahead && (!lay->hot_bundles || lay->hot_bundles[l] < in->n_bundles);
+        const double dense_l = (dense_s + (guessed ? guess_s : 0)) / in->n_layer;
         /* what arrives computes as it lands: the missed share of the FFN comes after the reads */
         const double after_reads = io_l + ffn_s * (need > 0 ? miss / need : 0);
         const double layer_compute = dense_l + ffn_s + io_cpu_l;

@@ -12,6 +12,7 @@
  *    core is the whole difference, misses x its time per read, plus its
  *    time for the workers' batches, two a layer asking ahead and one in
  *    gate-first (none when nothing is read);
+ *  - a layer the plan pins whole runs no guess;
  *  - on two threads, the guess's first stage is not shared (every
  *    cpu-worker runs it whole), the rest is;
  *  - the io-worker on a core of its own (io_cpu_us 0) and a faster disk
@@ -171,6 +172,11 @@ int main(void) {
           "an io-worker with its own core is never predicted slower");
     CHECK(predict_us(&in, &free_disk, none_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
           "a faster disk is never predicted slower");
+    /* a layer pinned whole runs no guess: layer 0 dense 50 + FFN 6; layer 1 as all missed above, 206 */
+    const long first_hot[N_LAYER] = {N_BUNDLES, 0};
+    us = predict_us(&in, &slow_disk, first_hot, 5);
+    CHECK(near(us, 56 + 206.0), "layer 0 pinned whole: %.6f us, want 262 (its guess not charged)", us);
+
     const long some_hot[N_LAYER] = {4, 4};
     CHECK(predict_us(&in, &slow_disk, some_hot, 5) <= predict_us(&in, &slow_disk, none_hot, 5),
           "more pinned bundles are never predicted slower");
