@@ -86,14 +86,6 @@ static double guess_missed_rate(const model_profile *p, int l, const int32_t *me
     return p->n_tokens ? missed / p->n_tokens : 0;
 }
 
-/* tokens among `tokens` (a bit mask repeated over every word) on which `neuron` fired */
-static uint32_t fired_on(const model_profile *p, int l, int neuron, uint64_t tokens) {
-    const uint64_t *bits = fired_bits(p, l, neuron);
-    uint32_t c = 0;
-    for (int w = 0; w < p->words; w++) c += (uint32_t)__builtin_popcountll(bits[w] & tokens);
-    return c;
-}
-
 /* v[0..n) made non-increasing by pooling adjacent violators (each pool
  * takes its members' mean): the closest such sequence in least squares. */
 static void pool_to_descending(double *v, long n, double *sum, long *len) {
@@ -115,15 +107,19 @@ static void pool_to_descending(double *v, long n, double *sum, long *len) {
  * ones, and the other way round; then made descending (pool_to_descending).
  * Counted on the tokens that ranked them, the first places look hotter than
  * they are (the 7B file at 3 GiB: 97.3 % hits predicted, 96.3 read), as a
- * neuron ranks high partly by chance. need[n_ff]; 0, or -1 out of memory. */
-static int held_out_needs(const model_profile *p, int l, double *need) {
+ * neuron ranks high partly by chance. need[n_ff]; scratch as union_tokens's;
+ * 0, or -1 out of memory. */
+static int held_out_needs(const model_profile *p, int l, double *need, uint64_t *scratch) {
     const int n = p->n_ff;
     uint32_t *even = malloc(sizeof(uint32_t) * (size_t)n), *odd = malloc(sizeof(uint32_t) * (size_t)n);
     int32_t *by_even = malloc(sizeof(int32_t) * (size_t)n), *by_odd = malloc(sizeof(int32_t) * (size_t)n);
     double *sum = malloc(sizeof(double) * (size_t)n);
     long *len = malloc(sizeof(long) * (size_t)n);
     int rc = even && odd && by_even && by_odd && sum && len ? 0 : -1;
-    for (int i = 0; !rc && i < n; i++) even[i] = fired_on(p, l, i, EVEN_TOKENS), odd[i] = fired_on(p, l, i, ODD_TOKENS);
+    for (int32_t i = 0; !rc && i < n; i++) {
+        even[i] = (uint32_t)union_tokens(p, l, &i, 1, EVEN_TOKENS, scratch);
+        odd[i] = (uint32_t)union_tokens(p, l, &i, 1, ODD_TOKENS, scratch);
+    }
     if (!rc && (reorder_layer_perm(even, n, 1, by_even) || reorder_layer_perm(odd, n, 1, by_odd))) rc = -1;
     for (int r = 0; !rc && r < n; r++) need[r] = (double)(odd[by_even[r]] + even[by_odd[r]]) / p->n_tokens;
     if (!rc) pool_to_descending(need, n, sum, len);
@@ -175,7 +171,7 @@ int bundle_order_make(bundle_order *o, const model_profile *p, int per_bundle, b
         }
         if (!o->file_order) qsort(rank, (size_t)whole, sizeof *rank, by_need);
         if (k == 1 && !o->file_order && p->n_tokens >= 2) { /* the ranking's own tokens flatter its top */
-            if (held_out_needs(p, l, held)) {
+            if (held_out_needs(p, l, held, scratch)) {
                 ok = false;
                 break;
             }
