@@ -15,7 +15,8 @@
  * The reads overlap computing: in predictor mode from the start of the layer
  * (the cpu-workers ask for the predicted misses before attention, running
  * the predictor a second time and putting the batch in its ring: guess_*_bytes,
- * half the doorbell's round trip), in gate-first from the FFN step
+ * half the doorbell's round trip; not on a layer the layout pins whole,
+ * where nothing can miss), in gate-first from the FFN step
  * (the gate rows decide); the chunks whose bundles were read compute as
  * they land. A miss the guess did not name is asked for at the FFN step and
  * waited for: a read at depth 1 and the doorbell's round trip, in every layer

@@ -265,7 +265,7 @@ static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay,
                             .queue_depth = lay->queue_depth,
                             .threads = in->threads,
                             .io_cpu_us = in->io_shares_compute ? hw_io_cpu_us(in->hw, lay->stride, in->checksums) : 0,
-                            /* a batch in and its answer out per cpu-worker: a bus round trip's CPU each */
+                            /* each cpu-worker's batch: IO_WAKES_PER_BATCH wake-ups of the io-worker */
                             .io_batch_us = in->io_shares_compute ? in->cpu_workers * IO_WAKES_PER_BATCH * in->hw->wake_us
                                                                  : 0};
     cost_predict(&ci, in->hw, &cl, &lay->pred);
