@@ -105,12 +105,13 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
     for (int l = 0; l < in->n_layer; l++) {
         double need, unasked;
         const double miss = layer_misses(in, lay, l, tc, &need, &unasked), ffn_s = layer_ffn_s(in, hw, T, mem, l);
-        /* a layer's misses go out as one batch: about one read's latency, then the rest at the queue
-         * depth's throughput (both grow with the misses, so fewer misses never predict slower reads) */
+        /* a layer's misses go out as one batch: about one read's latency, then the rest at the throughput
+         * of as many reads in flight as the batch has, up to the io-worker's depth (a device's IOPS grows
+         * slower than its depth, so fewer misses never predict slower reads) */
         double io_l = 0;
         if (miss > 0)
             io_l = fmin(miss, 1.0) / hw_io_iops(hw, in->stride, 1) +
-                   fmax(miss - 1, 0.0) / hw_io_iops(hw, in->stride, lay->queue_depth);
+                   fmax(miss - 1, 0.0) / hw_io_iops(hw, in->stride, (int)fmin(ceil(miss), lay->queue_depth));
         /* asking ahead, each worker sends a layer two batches: the guess's, and the step's for what it missed */
         const double io_cpu_l = miss > 0 ? (miss * lay->io_cpu_us + (ahead ? 2 : 1) * lay->io_batch_us) * 1e-6 : 0;
         /* no guess on a layer pinned whole: nothing of it can miss (cpu-worker/ffn_offload.h) */

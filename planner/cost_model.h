@@ -7,7 +7,8 @@
  * measured kernel rates on the compute threads, capped by memory bandwidth;
  * the bundles the token needs that are neither pinned hot nor in the cold
  * cache are read as one batch per layer (one read's latency, then the rest at
- * the queue depth's measured IOPS). The cold cache is LRU under Che's
+ * the measured IOPS of as many reads in flight as the batch has, up to the
+ * io-worker's depth). The cold cache is LRU under Che's
  * approximation: bundle i, asked for with probability p_i per token, is found
  * with probability 1 - exp(-p_i T), T such that the expected occupancy fills
  * the slots. Plus a bus round trip per layer.
@@ -56,7 +57,8 @@ typedef struct {
 typedef struct {
     const long *hot_bundles;       /* [n_layer] pinned, the first of each layer's slots; NULL: all resident */
     long cold_slots;
-    int queue_depth;
+    int queue_depth;               /* reads the io-worker keeps in flight at most: each cpu-worker's depth
+                                      times the cpu-workers (io-worker/offload.c) */
     int threads;                   /* decode compute threads in all */
     double io_cpu_us;              /* a compute core's time per bundle read (the io-worker's, on the core
                                       it shares); 0 when the io-worker has a core of its own */

@@ -17,6 +17,8 @@
  *    cpu-worker runs it whole), the rest is;
  *  - the io-worker on a core of its own (io_cpu_us 0) and a faster disk
  *    never predict slower;
+ *  - on a disk whose IOPS grows with the reads in flight, a layer's batch
+ *    runs at the IOPS of as many as it holds, up to the io-worker's depth;
  *  - layout_make's cold share: the least when pinning more is predicted
  *    faster, the 10 % when every share predicts alike. */
 #include <math.h>
@@ -64,17 +66,22 @@ static cost_inputs inputs(ffn_mode mode, double dense_bytes, double guess_whole,
 
 static const long none_hot[N_LAYER] = {0, 0};
 
-static double predict_on(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
-                         double io_batch_us, int threads) {
+static double predict_in_flight(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
+                                double io_batch_us, int threads, int queue_depth) {
     const cost_layout lay = {.hot_bundles = hot,
                              .cold_slots = 0,
-                             .queue_depth = 4,
+                             .queue_depth = queue_depth,
                              .threads = threads,
                              .io_cpu_us = io_cpu_us,
                              .io_batch_us = io_batch_us};
     cost_prediction p;
     cost_predict(in, hw, &lay, &p);
     return 1e6 / p.tok_s;
+}
+
+static double predict_on(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
+                         double io_batch_us, int threads) {
+    return predict_in_flight(in, hw, hot, io_cpu_us, io_batch_us, threads, 4);
 }
 
 static double predict_batch_us(const cost_inputs *in, const hw_profile *hw, const long *hot, double io_cpu_us,
@@ -197,6 +204,17 @@ int main(void) {
           us);
     gf.p_unasked = p_unasked;
     CHECK(near(predict_us(&gf, &slow_disk, none_hot, 5), 2 * (50 + 212.0)), "gate-first asks at the FFN step anyway");
+    /* IOPS 1e4 x the reads in flight: a layer's 2 misses are the first read (100 us), then one more at
+     * depth 2 (50 us), however deep the io-worker's ring; then the FFN (6): 156 us a layer. At depth 1:
+     * 100 + 100 + 6. */
+    hw_profile deep = slow_disk;
+    for (int s = 0; s < HW_IO_SIZES; s++)
+        for (int d = 0; d < HW_IO_DEPTHS; d++) deep.iops[s][d] = 1e4 * hw_io_depth[d];
+    in.p_unasked = NULL;
+    us = predict_in_flight(&in, &deep, none_hot, 5, 0, 1, 128);
+    CHECK(near(us, 2 * 156.0), "a batch of 2 with 128 in flight allowed: %.6f us, want 312 (its 2 at once)", us);
+    us = predict_in_flight(&in, &deep, none_hot, 5, 0, 1, 1);
+    CHECK(near(us, 2 * 206.0), "one read in flight at a time: %.6f us, want 412", us);
     test_cold_share();
     return test_summary();
 }
