@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "io_worker.h"
+#include "plan/plan_file.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "stack/doorbell.h"
@@ -73,9 +74,7 @@ void iow_close_offload(io_worker *w) {
  * than 128 (BENCHMARKS.md). */
 static unsigned bundle_queue_depth(const io_worker *w) {
     if (w->queue_depth) return (unsigned)w->queue_depth;
-    const Pi2__Plan *p = w->off.plan;
-    const unsigned depth = p->queue_depth * (p->cpu_workers ? p->cpu_workers : 1);
-    return depth < 4096 ? depth : 4096;
+    return plan_reads_in_flight(w->off.plan->queue_depth, w->off.plan->cpu_workers);
 }
 
 int iow_open_offload(io_worker *w) {

@@ -57,8 +57,7 @@ typedef struct {
 typedef struct {
     const long *hot_bundles;       /* [n_layer] pinned, the first of each layer's slots; NULL: all resident */
     long cold_slots;
-    int queue_depth;               /* reads the io-worker keeps in flight at most: each cpu-worker's depth
-                                      times the cpu-workers (io-worker/offload.c) */
+    int queue_depth;               /* reads the io-worker keeps in flight at most (plan_reads_in_flight) */
     int threads;                   /* decode compute threads in all */
     double io_cpu_us;              /* a compute core's time per bundle read (the io-worker's, on the core
                                       it shares); 0 when the io-worker has a core of its own */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "plan/plan_file.h"
 #include "util/log.h"
 
 static double mib(uint64_t bytes) { return (double)bytes / (1 << 20); }
@@ -42,8 +43,8 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
     for (size_t l = 0; l < p->n_hot_bundles; l++) fprintf(out, "%s%u", l % 16 ? " " : "\n  ", p->hot_bundles[l]);
     fprintf(out, "\nbundle file    %s: %u neuron%s per bundle, %llu bytes each\n", p->bundle_file, p->per_bundle,
             p->per_bundle > 1 ? "s" : "", (unsigned long long)p->bundle_stride);
-    fprintf(out, "I/O            queue depth %u a cpu-worker (the io-worker keeps up to %llu reads in flight)\n",
-            p->queue_depth, (unsigned long long)p->queue_depth * (p->cpu_workers ? p->cpu_workers : 1));
+    fprintf(out, "I/O            queue depth %u a cpu-worker (the io-worker keeps up to %u reads in flight)\n",
+            p->queue_depth, plan_reads_in_flight(p->queue_depth, p->cpu_workers));
     fprintf(out, "compute        %u cpu-worker%s x %u thread%s, clusters of", p->cpu_workers,
             p->cpu_workers > 1 ? "s" : "", p->threads_per_worker, p->threads_per_worker > 1 ? "s" : "");
     for (size_t i = 0; i < p->n_cluster_neurons; i++) fprintf(out, " %u", p->cluster_neurons[i]);

@@ -46,4 +46,12 @@ int plan_check_bundle(const Pi2__Plan *p, const char *plan_path, const bundle_fi
 /* Bundles of a layer of n_ff neurons at per_bundle neurons each. */
 static inline long plan_bundles_per_layer(long n_ff, long per_bundle) { return (n_ff + per_bundle - 1) / per_bundle; }
 
+/* Reads the io-worker keeps in flight: the plan's queue depth for each cpu-worker, so that every worker's
+ * batch of a layer is read at once (io-worker/offload.c); at most PLAN_MAX_READS_IN_FLIGHT. */
+#define PLAN_MAX_READS_IN_FLIGHT 4096
+static inline unsigned plan_reads_in_flight(unsigned queue_depth, unsigned cpu_workers) {
+    const unsigned long long n = (unsigned long long)queue_depth * (cpu_workers ? cpu_workers : 1);
+    return n < PLAN_MAX_READS_IN_FLIGHT ? (unsigned)n : PLAN_MAX_READS_IN_FLIGHT;
+}
+
 #endif
