@@ -559,7 +559,6 @@ void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chu
                           ffn_scratch *scratch) {
     const int l = f->layer;
     drain_replies(o);
-    forget_ahead(o);
     lent_step(o, l);
     job j = {.o = o, .pool = pool, .f = f, .scratch = scratch};
     run_job(&j, select_worker, chunks, n_chunks);

@@ -42,7 +42,9 @@ int ffn_offload_run(ffn_offload *o, ffn_layer *f, const int32_t *chunks, int n_c
  * bundles that are neither hot nor cached, without waiting: the disk reads
  * them while attention runs. The FFN step still selects from its own input,
  * so the tokens do not depend on this guess; a bundle it asked for counts as
- * read in the step's statistics, not as a hit. */
+ * read in the step's statistics, not as a hit. Called once
+ * ffn_offload_ahead_begin(o, f->layer) said the layer can miss (it forgot the
+ * previous layer's asks). */
 void ffn_offload_prefetch(ffn_offload *o, const ffn_layer *f, const int32_t *chunks, int n_chunks, threadpool *pool,
                           ffn_scratch *scratch);
 

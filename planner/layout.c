@@ -263,8 +263,8 @@ static void predict(const layout_inputs *in, const layout_fixed *f, layout *lay,
                             .guess_split_bytes = f->guess_split_bytes};
     const cost_layout cl = {.hot_bundles = resident,
                             .cold_slots = lay->cold_slots,
-                            .queue_depth = (int)plan_reads_in_flight((unsigned)lay->queue_depth,
-                                                                     (unsigned)(in->cpu_workers > 0 ? in->cpu_workers : 1)),
+                            .queue_depth =
+                                (int)plan_reads_in_flight((unsigned)lay->queue_depth, (unsigned)in->cpu_workers),
                             .threads = in->threads,
                             .io_cpu_us = in->io_shares_compute ? hw_io_cpu_us(in->hw, lay->stride, in->checksums) : 0,
                             /* each cpu-worker's batch: IO_WAKES_PER_BATCH wake-ups of the io-worker */
