@@ -502,6 +502,19 @@ void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, uint64_t *copied, do
     pthread_mutex_unlock(mu);
 }
 
+/* a read queued or in progress; holds mu */
+static bool reading(const ffn_stream *s) {
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].state == SLOT_READING) return true;
+    return s->queued > 0;
+}
+
+void ffn_stream_wait_reads(ffn_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    while (reading(s)) pthread_cond_wait(&s->done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
 bool ffn_stream_direct(const ffn_stream *s) { return atomic_load(&s->direct); }
 
 void ffn_stream_release(ffn_stream *s) {

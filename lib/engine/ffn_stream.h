@@ -123,6 +123,11 @@ void ffn_stream_set_resident(ffn_stream *s, const ffn_stream_resident *r);
  * spent filling slots. Any may be NULL. */
 void ffn_stream_stats(const ffn_stream *s, uint64_t *bytes, uint64_t *copied, double *wait_s, double *read_s);
 
+/* Waits until no read is queued or in progress, the read-ahead past the
+ * caller's last piece included: totals taken after it do not depend on how
+ * far the reader got meanwhile. */
+void ffn_stream_wait_reads(ffn_stream *s);
+
 /* Reads bypass the page cache (O_DIRECT); false after the fallback. */
 bool ffn_stream_direct(const ffn_stream *s);
 
