@@ -1,5 +1,6 @@
 /* The neuron cache of a budgeted stack (docs/offload.md), once the hot
- * region is read: each hot bundle is checked against its own checksum (the
+ * region is read: each hot bundle is checked against its own checksum (a
+ * packed region's were as they landed; the
  * bundle file names a bad one: corrupted storage must not become wrong
  * weights), then the slot table is laid out fresh over the cold region, and
  * the cpu-workers' shared predictor copy is made. */
@@ -33,8 +34,10 @@ int cm_ready_cache(cachemgr *c) {
         return -1;
     }
     double t0 = clock_seconds();
-    if (check_hot(c, hot)) return -1;
-    log_info("hot bundles checked: %.1f MiB in %.2f s", c->off.hot_bytes / 1048576.0, clock_seconds() - t0);
+    if (!offload_hot_packed(&c->off)) { /* packed: each chunk was checked as it landed (hot_staging.h) */
+        if (check_hot(c, hot)) return -1;
+        log_info("hot bundles checked: %.1f MiB in %.2f s", c->off.hot_bytes / 1048576.0, clock_seconds() - t0);
+    }
     char err[512];
     const ncache_shape shape = offload_cache_shape(&c->off, &c->m);
     ncache *nc = ncache_create(table, table_bytes, cold, cold_bytes, &shape, err, sizeof err);

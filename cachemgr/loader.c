@@ -2,7 +2,8 @@
  * [weights_file_offset, end) as reads of at most 4 MiB, grouped in batches,
  * several batches in flight. A batch not answered in time is sent again (the
  * io-worker may have been restarted); reads are idempotent, so a late or
- * duplicate answer does no harm. */
+ * duplicate answer does no harm, except into a staging buffer of a packed
+ * hot region, which is then retired (hot_staging.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "stack/bus.h"
 #include "cachemgr.h"
+#include "hot_staging.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "stack/msg.h"
@@ -18,10 +20,20 @@
 
 #define READ_BYTES (4u << 20)  /* one read; a multiple of 4096, so O_DIRECT stays aligned */
 #define READS_PER_BATCH 8u
+/* a staged chunk's reads: HOT_STAGING_MAX_BYTES of them */
+#define MAX_BATCH_READS (HOT_STAGING_MAX_BYTES / READ_BYTES > READS_PER_BATCH ? HOT_STAGING_MAX_BYTES / READ_BYTES \
+                                                                             : READS_PER_BATCH)
 #define BATCHES_IN_FLIGHT 4
 #define MAX_ATTEMPTS 4         /* a batch whose reads keep failing ends the load */
 
 enum batch_state { BATCH_PENDING, BATCH_SENT, BATCH_DONE };
+
+/* Hot bundles a batch stages (IO_TARGET_STAGING): its reads' slot_offset is within the buffer. */
+typedef struct {
+    int layer;
+    long first, n;
+    int buffer;                /* the staging buffer it holds, -1 before its first send */
+} staged;
 
 typedef struct {
     uint64_t id;
@@ -29,6 +41,7 @@ typedef struct {
     enum batch_state state;
     int64_t sent_ms;
     int attempts;              /* answers with failed reads */
+    staged stage;              /* layer -1: not staged */
 } batch;
 
 typedef struct {
@@ -36,8 +49,12 @@ typedef struct {
     bus_socket *sock;
     Pi2__IoRead *reads;        /* every read of the load */
     Pi2__IoTarget *targets;    /* [n_reads]: where each read goes */
+    size_t *chunk_of;          /* [n_reads]: the span (a staged chunk, or a range) each read belongs to */
     batch *batches;
     size_t n_reads, n_batches, n_done, in_flight;
+    hot_staging staging;       /* a packed hot region: its buffers in the cold region */
+    uint8_t *hot, *cold;
+    staged *chunks;            /* [n spans]: what each staged span holds (layer -1: not staged) */
     uint64_t seq;
     msg_limits lim;
 } loader;
@@ -63,33 +80,55 @@ static bus_socket *connect_io(const char *runid, bus_ctx *ctx) {
 typedef struct {
     Pi2__IoTarget target;
     uint64_t file_offset, bytes, dest;
+    staged stage;              /* IO_TARGET_STAGING: the hot bundles; dest is 0, the buffer's start */
 } span;
 
 static size_t span_reads(const span *s) { return (size_t)((s->bytes + READ_BYTES - 1) / READ_BYTES); }
 
+static const staged NOT_STAGED = {.layer = -1, .buffer = -1};
+
 /* What to read: the model file from weights_file_offset on, or, under a
- * budget, the preloaded ranges and every layer's hot bundles. *n spans. */
-static span *plan_spans(const cachemgr *c, size_t *n) {
+ * budget, the preloaded ranges and every layer's hot bundles (straight into
+ * the hot region, or in chunks through the staging buffers when it is
+ * packed). *n spans. */
+static span *plan_spans(const loader *L, size_t *n) {
+    const cachemgr *c = L->c;
     const model *m = &c->m;
     if (!c->budgeted) {
         span *s = malloc(sizeof *s);
-        if (s) s[0] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, weights_file_offset(m), m->gguf.size - weights_file_offset(m), 0};
+        if (s)
+            s[0] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, weights_file_offset(m),
+                          m->gguf.size - weights_file_offset(m), 0, NOT_STAGED};
         *n = 1;
         return s;
     }
     const offload *o = &c->off;
-    span *s = malloc(sizeof *s * (size_t)(o->n_ranges + m->n_layer));
+    const bool packed = offload_hot_packed(o);
+    const long chunk = packed ? hot_staging_chunk_bundles(&L->staging, o) : o->n_bundles;
+    size_t max = (size_t)o->n_ranges;
+    for (int l = 0; l < m->n_layer; l++) max += (size_t)((o->plan->hot_bundles[l] + chunk - 1) / chunk);
+    span *s = malloc(sizeof *s * (max ? max : 1));
     if (!s) return NULL;
     size_t k = 0;
     for (int i = 0; i < o->n_ranges; i++) {
         const preload_range *r = &o->ranges[i];
         uint64_t end = r->file_offset + r->bytes < m->gguf.size ? r->file_offset + r->bytes : m->gguf.size;
-        s[k++] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, r->file_offset, end - r->file_offset, r->seg_offset};
+        s[k++] = (span){PI2__IO_TARGET__IO_TARGET_WEIGHTS, r->file_offset, end - r->file_offset, r->seg_offset,
+                        NOT_STAGED};
     }
     for (int l = 0; l < m->n_layer; l++) {
         uint64_t off, bytes;
         offload_hot_range(o, l, &off, &bytes);
-        if (bytes) s[k++] = (span){PI2__IO_TARGET__IO_TARGET_HOT, off, bytes, o->hot_offset[l]};
+        if (!bytes) continue;
+        if (!packed) {
+            s[k++] = (span){PI2__IO_TARGET__IO_TARGET_HOT, off, bytes, o->hot_offset[l], NOT_STAGED};
+            continue;
+        }
+        for (long b = 0; b < (long)o->plan->hot_bundles[l]; b += chunk) {
+            const long n_b = (long)o->plan->hot_bundles[l] - b < chunk ? (long)o->plan->hot_bundles[l] - b : chunk;
+            s[k++] = (span){PI2__IO_TARGET__IO_TARGET_STAGING, bundle_file_offset(&o->bundles, l, b),
+                            (uint64_t)n_b * o->stride, 0, {.layer = l, .first = b, .n = n_b, .buffer = -1}};
+        }
     }
     *n = k;
     return s;
@@ -98,17 +137,20 @@ static span *plan_spans(const cachemgr *c, size_t *n) {
 /* Cuts the spans into reads and the reads into batches of one target. */
 static int plan_reads(loader *L) {
     size_t n_spans;
-    span *spans = plan_spans(L->c, &n_spans);
+    span *spans = plan_spans(L, &n_spans);
     if (!spans) return -1;
     L->n_reads = 0;
     for (size_t i = 0; i < n_spans; i++) L->n_reads += span_reads(&spans[i]);
     L->reads = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->reads);
     L->targets = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->targets);
+    L->chunk_of = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->chunk_of);
     L->batches = calloc(L->n_reads ? L->n_reads : 1, sizeof *L->batches); /* at most one per read */
-    if (!L->reads || !L->targets || !L->batches) {
+    L->chunks = calloc(n_spans ? n_spans : 1, sizeof *L->chunks);
+    if (!L->reads || !L->targets || !L->chunk_of || !L->batches || !L->chunks) {
         free(spans);
         return -1;
     }
+    for (size_t i = 0; i < n_spans; i++) L->chunks[i] = spans[i].stage;
     size_t r = 0;
     for (size_t i = 0; i < n_spans; i++)
         for (uint64_t at = 0; at < spans[i].bytes; at += READ_BYTES, r++) {
@@ -117,15 +159,21 @@ static int plan_reads(loader *L) {
             L->reads[r].length = (uint32_t)(spans[i].bytes - at < READ_BYTES ? spans[i].bytes - at : READ_BYTES);
             L->reads[r].slot_offset = spans[i].dest + at;
             L->targets[r] = spans[i].target;
+            L->chunk_of[r] = i;
         }
     free(spans);
     /* Ids carry our pid: answers meant for a previous cachemgr of the run are told apart. */
     uint64_t nonce = (uint64_t)getpid() << 32;
     L->n_batches = 0;
     for (size_t first = 0; first < L->n_reads;) {
+        /* a staged chunk is one batch: it lands, and is checked, as one */
+        const bool stage = L->targets[first] == PI2__IO_TARGET__IO_TARGET_STAGING;
         size_t n = 1;
-        while (n < READS_PER_BATCH && first + n < L->n_reads && L->targets[first + n] == L->targets[first]) n++;
-        L->batches[L->n_batches] = (batch){.id = nonce | (L->n_batches + 1), .first = first, .n = n};
+        while ((stage || n < READS_PER_BATCH) && first + n < L->n_reads && L->targets[first + n] == L->targets[first] &&
+               (!stage || L->chunk_of[first + n] == L->chunk_of[first]))
+            n++;
+        L->batches[L->n_batches] = (batch){.id = nonce | (L->n_batches + 1), .first = first, .n = n,
+                                           .stage = L->chunks[L->chunk_of[first]]};
         L->n_batches++;
         first += n;
     }
@@ -133,8 +181,16 @@ static int plan_reads(loader *L) {
 }
 
 static int send_batch(loader *L, batch *b) {
-    Pi2__IoRead *ptrs[READS_PER_BATCH];
+    Pi2__IoRead *ptrs[MAX_BATCH_READS], moved[MAX_BATCH_READS];
     for (size_t i = 0; i < b->n; i++) ptrs[i] = &L->reads[b->first + i];
+    if (b->stage.layer >= 0) { /* into its staging buffer */
+        const uint64_t base = (uint64_t)b->stage.buffer * L->staging.buffer_bytes;
+        for (size_t i = 0; i < b->n; i++) {
+            moved[i] = L->reads[b->first + i];
+            moved[i].slot_offset += base;
+            ptrs[i] = &moved[i];
+        }
+    }
     Pi2__IoReadBatch body = PI2__IO_READ_BATCH__INIT;
     body.batch_id = b->id;
     body.target = L->targets[b->first];
@@ -169,11 +225,33 @@ static int pump(loader *L) {
                      L->c->io_timeout_ms);
             b->state = BATCH_PENDING;
             L->in_flight--;
+            if (b->stage.layer >= 0) { /* the first send's reads may still land in its buffer */
+                hot_staging_retire(&L->staging, b->stage.buffer);
+                b->stage.buffer = -1;
+            }
         }
     }
-    for (size_t i = 0; i < L->n_batches && L->in_flight < BATCHES_IN_FLIGHT; i++)
-        if (L->batches[i].state == BATCH_PENDING && send_batch(L, &L->batches[i])) return -1;
+    for (size_t i = 0; i < L->n_batches && L->in_flight < BATCHES_IN_FLIGHT; i++) {
+        batch *b = &L->batches[i];
+        if (b->state != BATCH_PENDING) continue;
+        if (b->stage.layer >= 0 && b->stage.buffer < 0 && (b->stage.buffer = hot_staging_take(&L->staging)) < 0) {
+            if (!hot_staging_exhausted(&L->staging)) break; /* the buffers are busy: in order, after them */
+            log_error("every staging buffer of the hot region was retired: the io-worker did not answer %d times",
+                      L->staging.n_buffers);
+            return -1;
+        }
+        if (send_batch(L, b)) return -1;
+    }
     return 0;
+}
+
+/* A staged batch's bundles are all in: checked and copied to the hot region, its buffer free again. */
+static int land_staged(loader *L, batch *b) {
+    if (b->stage.layer < 0) return 0;
+    const int rc = hot_staging_land(&L->staging, &L->c->off, b->stage.buffer, L->cold, L->hot, b->stage.layer,
+                                    b->stage.first, b->stage.n);
+    hot_staging_give(&L->staging, b->stage.buffer);
+    return rc;
 }
 
 static batch *find_batch(loader *L, uint64_t id) {
@@ -202,7 +280,7 @@ static int take_completion(loader *L, const Pi2__IoComplete *done) {
         else snprintf(what, sizeof what, "%d of %u bytes (the file shrank?)", got, r->length);
         if (++b->attempts >= MAX_ATTEMPTS) {
             log_error("reading the %s at offset %llu failed %d times: %s",
-                      L->targets[b->first] == PI2__IO_TARGET__IO_TARGET_HOT ? "bundle file" : "model",
+                      L->targets[b->first] != PI2__IO_TARGET__IO_TARGET_WEIGHTS ? "bundle file" : "model",
                       (unsigned long long)r->file_offset, b->attempts, what);
             return -1;
         }
@@ -212,7 +290,7 @@ static int take_completion(loader *L, const Pi2__IoComplete *done) {
     if (b->state == BATCH_SENT) L->in_flight--;
     b->state = BATCH_DONE;
     L->n_done++;
-    return 0;
+    return land_staged(L, b);
 }
 
 /* One message from the io-worker; -1 ends the load. */
@@ -263,6 +341,22 @@ static int run(loader *L) {
     return 0;
 }
 
+/* A packed hot region's staging buffers, in the cold region. */
+static int staging_open(loader *L) {
+    uint64_t hot_bytes, cold_bytes;
+    L->hot = shm_region_ptr(L->c->seg[SEG_FFN], "hot", &hot_bytes);
+    L->cold = shm_region_ptr(L->c->seg[SEG_FFN], "cold", &cold_bytes);
+    if (!L->hot || !L->cold || hot_bytes < L->c->off.hot_bytes ||
+        hot_staging_init(&L->staging, &L->c->off, cold_bytes)) {
+        log_error("the neuron cache segment has no hot region of %llu bytes, or no cold region to stage its load in",
+                  (unsigned long long)L->c->off.hot_bytes);
+        return -1;
+    }
+    log_info("hot region packed: %zu of each %zu-byte bundle kept; its load staged in %d buffers of %.1f MiB",
+             L->c->off.hot_stride, L->c->off.stride, L->staging.n_buffers, L->staging.buffer_bytes / 1048576.0);
+    return 0;
+}
+
 int cm_load_weights(cachemgr *c) {
     bus_ctx *ctx = bus_ctx_new();
     if (!ctx) {
@@ -272,7 +366,8 @@ int cm_load_weights(cachemgr *c) {
     loader L = {.c = c,
                 .lim = {.model_file_size = c->m.gguf.size, .weight_segment_size = c->weights_bytes}};
     int rc = -1;
-    if (!(L.sock = connect_io(c->runid, ctx))) goto out;
+    if (!(L.sock = connect_io(c->runid, ctx)) || (c->budgeted && offload_hot_packed(&c->off) && staging_open(&L)))
+        goto out;
     if (plan_reads(&L)) {
         log_error("out of memory planning %zu reads", L.n_reads);
         goto out;
@@ -297,6 +392,8 @@ int cm_load_weights(cachemgr *c) {
 out:
     free(L.reads);
     free(L.targets);
+    free(L.chunk_of);
+    free(L.chunks);
     free(L.batches);
     bus_close(L.sock);
     bus_ctx_free(ctx);

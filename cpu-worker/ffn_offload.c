@@ -288,7 +288,7 @@ static int64_t find_bundle(ffn_offload *o, int l, uint32_t b, bool count) {
     const uint32_t hot = off->plan->hot_bundles[l];
     if (b < hot) {
         o->stats.hot += count;
-        return o->bundle_at[b] = (int64_t)(off->hot_offset[l] + (uint64_t)b * off->stride);
+        return o->bundle_at[b] = (int64_t)(off->hot_offset[l] + (uint64_t)b * off->hot_stride);
     }
     if (b < resident_bundles(o, l)) { /* lent: counted with the hot ones, as the plan predicts */
         o->stats.hot += count;

@@ -40,13 +40,13 @@ typedef struct {
 
     /* a stack under a memory budget (the control block names a plan): the
      * bundle file behind a second ring, the neuron cache segment */
-    bool budgeted;             /* opened: off, bundle_reader, ffn_seg, hot */
+    bool budgeted;             /* opened: off, bundle_reader, ffn_seg, hot, cold */
     model m;                   /* the plan's checks need it; metadata only */
     offload off;
     uring_reader *bundle_reader;
     shm_segment *ffn_seg;
-    uint8_t *hot;              /* its "hot" region */
-    uint64_t hot_bytes;
+    uint8_t *hot, *cold;       /* its "hot" and "cold" regions */
+    uint64_t hot_bytes, cold_bytes;
     ncache *cache;             /* attached once cachemgr has laid the table out */
     bundle_loader loader;
     int queue_depth;           /* -q: both files' reads in flight; 0: 32 and the plan's */

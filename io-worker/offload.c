@@ -63,7 +63,7 @@ void iow_close_offload(io_worker *w) {
     w->cache = NULL;
     w->ffn_seg = NULL;
     w->bundle_reader = NULL;
-    w->hot = NULL;
+    w->hot = w->cold = NULL;
     w->budgeted = false;
 }
 
@@ -105,7 +105,8 @@ int iow_open_offload(io_worker *w) {
     }
     if (shm_make_name(name, sizeof name, w->runid, STACK_SEG_FFN) ||
         !(w->ffn_seg = shm_attach(name, SHM_KIND_SLOTS, SHM_ATTACH_NO_POPULATE)) ||
-        !(w->hot = shm_region_ptr(w->ffn_seg, "hot", &w->hot_bytes))) {
+        !(w->hot = shm_region_ptr(w->ffn_seg, "hot", &w->hot_bytes)) ||
+        !(w->cold = shm_region_ptr(w->ffn_seg, "cold", &w->cold_bytes))) {
         log_error("neuron cache segment %s: %s", name, shm_last_error());
         goto fail;
     }

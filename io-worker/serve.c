@@ -67,13 +67,14 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
         for (size_t i = 0; i < n; i++) results[i] = -ESTALE;
     } else {
         const bool hot = b->target == PI2__IO_TARGET__IO_TARGET_HOT;
-        uint8_t *dest = hot ? w->hot : w->data;
+        const bool staging = b->target == PI2__IO_TARGET__IO_TARGET_STAGING;
+        uint8_t *dest = hot ? w->hot : staging ? w->cold : w->data;
         for (size_t i = 0; i < n; i++)
             jobs[i] = (io_job){.file_offset = b->reads[i]->file_offset, .length = b->reads[i]->length,
                                .dest = dest + b->reads[i]->slot_offset};
         w->state = PROC_BUSY;
         pause_for_tests(w);
-        uring_reader_run(hot ? w->bundle_reader : w->reader, jobs, n, iow_beat, w);
+        uring_reader_run(hot || staging ? w->bundle_reader : w->reader, jobs, n, iow_beat, w);
         w->state = PROC_READY;
         for (size_t i = 0; i < n; i++) {
             results[i] = jobs[i].result;
@@ -126,6 +127,7 @@ void iow_serve(io_worker *w, const struct bus_msg *m) {
         lim.n_bundles = (uint32_t)w->off.n_bundles;
         lim.bundle_file_size = uring_reader_file_size(w->bundle_reader);
         lim.hot_region_size = w->hot_bytes;
+        lim.cold_region_size = w->cold_bytes;
     }
     if (msg_validate(env, &lim, err, sizeof err)) {
         peer_limit_warn(&w->drops, m->peer, m->peer_len, "refused a %s from '%.*s': %s", msg_body_name(env->body_case), peer_len,

@@ -19,7 +19,8 @@ static const uint8_t *pinned(void *ctx, int l, long n) {
     const int32_t pos = o->pos_of[(size_t)l * (size_t)p->sv->m.n_ff + (size_t)n];
     const uint32_t bundle = (uint32_t)(pos / o->per_bundle);
     if (bundle >= o->plan->hot_bundles[l]) return NULL;
-    return p->hot + o->hot_offset[l] + (uint64_t)bundle * o->stride + (uint64_t)(pos % o->per_bundle) * o->neuron_bytes;
+    return p->hot + o->hot_offset[l] + (uint64_t)bundle * o->hot_stride +
+           (uint64_t)(pos % o->per_bundle) * o->neuron_bytes;
 }
 
 /* Whether the bundles hold each row the prompt pass streams as the model has it. */

@@ -178,6 +178,13 @@ static void place(const layout_inputs *in, const layout_fixed *f, layout *lay, l
     predict(in, f, lay, resident);
 }
 
+/* Hot bundles that fit in room beside lay's cold slots, at most all. */
+static long hot_fitting(const layout *lay, uint64_t room, long all) {
+    const uint64_t cold = (uint64_t)lay->cold_slots * lay->stride;
+    const uint64_t hot = cold < room ? (room - cold) / lay->hot_stride : 0;
+    return hot < (uint64_t)all ? (long)hot : all;
+}
+
 /* The cold shares tried, largest first: the first is kept unless a smaller one is predicted faster by
  * SMALLER_COLD_MARGIN. */
 static const double cold_shares[] = {0.10, 0.05, 0.02, 0.0};
@@ -190,6 +197,7 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     lay->order = order;
     lay->budget = budget;
     lay->stride = layout_stride(f, order->per_bundle);
+    lay->hot_stride = (uint64_t)order->per_bundle * f->neuron_bytes;
     lay->queue_depth = queue_depth_for(in->hw, lay->stride);
     lay->max_prefill = in->max_prefill;
     lay->process = f->process;
@@ -214,6 +222,7 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
     }
     if (budget >= fixed + all_ffn) {
         lay->all_resident = true;
+        lay->hot_stride = lay->stride;
         place(in, f, lay, (long)n_layer * order->n_bundles, 0, resident);
         free(resident);
         return 0;
@@ -222,7 +231,9 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
         free(resident);
         return -1;
     }
-    const long slots = (long)((budget - fixed - f->staging) / lay->stride);
+    /* the cold shares are of the budget's room counted in slots; the hot bundles take the rest, packed */
+    const uint64_t room = budget - fixed - f->staging;
+    const long slots = (long)(room / lay->stride), all = (long)n_layer * order->n_bundles;
     const long lent_slots = (long)(f->lendable / lay->stride);
     /* The cold share predicted fastest; a larger one unless a smaller is faster by a margin, as the model
      * counts no reuse between tokens and real text has some. */
@@ -233,12 +244,12 @@ int layout_make(const layout_inputs *in, const layout_fixed *f, const bundle_ord
         if (cold < min_cold) cold = min_cold;
         if (cold > slots) cold = slots;
         lay->cold_slots = cold;
-        place(in, f, lay, slots - cold, lent_slots, resident);
+        place(in, f, lay, hot_fitting(lay, room, all), lent_slots, resident);
         if (best_cold < 0 || lay->pred.tok_s > best_tps * (1 + SMALLER_COLD_MARGIN))
             best_cold = cold, best_tps = lay->pred.tok_s;
     }
     lay->cold_slots = best_cold;
-    place(in, f, lay, slots - best_cold, lent_slots, resident);
+    place(in, f, lay, hot_fitting(lay, room, all), lent_slots, resident);
     free(resident);
     return 0;
 }

@@ -63,6 +63,8 @@ typedef struct {
 typedef struct {
     const bundle_order *order;
     uint64_t stride;
+    uint64_t hot_stride;    /* a hot bundle in memory: its neurons' rows packed, or (every bundle resident,
+                             * loaded in place) the stride */
     uint64_t floor;         /* the least budget for this order */
     uint64_t budget;
     bool all_resident;      /* every bundle fits: no cold cache, no staging */

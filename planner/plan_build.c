@@ -387,7 +387,8 @@ static int write_plan(planning *pl, const layout *lay, uint64_t floor) {
     plan.process_bytes = lay->process;
     plan.max_prefill = (uint32_t)lay->max_prefill;
     plan.staging_bytes = lay->all_resident ? 0 : pl->prefill_fixed[0].staging;
-    plan.hot_bytes = hot_total * lay->stride;
+    plan.hot_bytes = hot_total * lay->hot_stride;
+    plan.hot_bundle_bytes = lay->hot_stride;
     plan.cold_bytes = (uint64_t)lay->cold_slots * lay->stride;
     plan.n_hot_bundles = (size_t)n_layer;
     plan.hot_bundles = hot;

@@ -30,8 +30,11 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
             mib(p->staging_bytes));
     uint64_t hot = 0, total = (uint64_t)p->n_layer * (uint64_t)((p->n_ff + p->per_bundle - 1) / p->per_bundle);
     for (size_t l = 0; l < p->n_hot_bundles; l++) hot += p->hot_bundles[l];
-    fprintf(out, "  hot          %9.1f MiB  %llu of %llu bundles pinned (%.1f %%)\n", mib(p->hot_bytes),
-            (unsigned long long)hot, (unsigned long long)total, total ? 100.0 * (double)hot / (double)total : 0);
+    const uint64_t hot_bundle = plan_hot_bundle_bytes(p);
+    fprintf(out, "  hot          %9.1f MiB  %llu of %llu bundles pinned (%.1f %%), %llu bytes each%s\n",
+            mib(p->hot_bytes), (unsigned long long)hot, (unsigned long long)total,
+            total ? 100.0 * (double)hot / (double)total : 0, (unsigned long long)hot_bundle,
+            hot_bundle < p->bundle_stride ? " (packed)" : "");
     fprintf(out, "  cold cache   %9.1f MiB  %u slots, CLOCK\n", mib(p->cold_bytes), p->cold_slots);
     if (p->lent_bytes) {
         uint64_t lent = 0;

@@ -95,30 +95,39 @@ static double predict_us(const cost_inputs *in, const hw_profile *hw, const long
 
 static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
 
-/* layout_make's cold share (planner/layout.h): 2 layers of 1000 one-neuron bundles, a token needing
- * bundle b with probability 0.05 x 0.99^b (5 a layer), so the least cold cache is 2 x 5 + 1 = 11 slots;
- * a budget of 400 slots: 10 % is 40. On a slow disk, pinning the next 29 bundles instead of caching the
- * tail is predicted faster (every read counts) and wins; where reads cost nothing every share predicts
- * alike and the 10 % stays. */
-static void test_cold_share(void) {
-    enum { LAYERS = 2, BUNDLES = 1000, SLOTS = 400 };
-    static double p[LAYERS * BUNDLES];
-    static int32_t order[LAYERS * BUNDLES];
-    double act[LAYERS] = {0, 0};
-    for (int l = 0; l < LAYERS; l++)
+/* 2 layers of 1000 one-neuron bundles, a token needing bundle b with probability 0.05 x 0.99^b (5 a
+ * layer), so the least cold cache is 2 x 5 + 1 = 11 slots. */
+enum { LAYERS = 2, BUNDLES = 1000, SLOTS = 400 };
+static double decay_p[LAYERS * BUNDLES];
+static int32_t decay_order[LAYERS * BUNDLES];
+static double decay_active[LAYERS];
+
+static bundle_order decay_bundles(model *m) {
+    for (int l = 0; l < LAYERS; l++) {
+        decay_active[l] = 0;
         for (int b = 0; b < BUNDLES; b++) {
-            p[l * BUNDLES + b] = 0.05 * pow(0.99, b);
-            act[l] += p[l * BUNDLES + b];
-            order[l * BUNDLES + b] = b;
+            decay_p[l * BUNDLES + b] = 0.05 * pow(0.99, b);
+            decay_active[l] += decay_p[l * BUNDLES + b];
+            decay_order[l * BUNDLES + b] = b;
         }
-    bundle_order o = {.per_bundle = 1, .n_bundles = BUNDLES, .n_whole = BUNDLES, .order = order,
-                      .p_bundle = p, .active = act};
+    }
+    bundle_order o = {.per_bundle = 1, .n_bundles = BUNDLES, .n_whole = BUNDLES, .order = decay_order,
+                      .p_bundle = decay_p, .active = decay_active};
     CHECK(bundle_order_sort_needs(&o, LAYERS) == 0, "out of memory");
+    memset(m, 0, sizeof *m);
+    m->n_layer = LAYERS, m->n_ff = BUNDLES;
+    return o;
+}
+
+/* layout_make's cold share (planner/layout.h), neurons of a whole stride (nothing to pack), a budget of
+ * 400 slots: 10 % is 40. On a slow disk, pinning the next 29 bundles instead of caching the tail is
+ * predicted faster (every read counts) and wins; where reads cost nothing every share predicts alike and
+ * the 10 % stays. */
+static void test_cold_share(void) {
     model m;
-    memset(&m, 0, sizeof m);
-    m.n_layer = LAYERS, m.n_ff = BUNDLES;
-    const layout_fixed f = {.dense_bytes = 100 * 1000.0, .gate_row = 1000, .up_row = 1000, .down_row = 1000,
-                            .neuron_bytes = 3000};
+    bundle_order o = decay_bundles(&m);
+    const layout_fixed f = {.dense_bytes = 100 * 1000.0, .gate_row = 1000, .up_row = 1000, .down_row = 2096,
+                            .neuron_bytes = 4096};
     const uint64_t stride = layout_stride(&f, 1), budget = SLOTS * stride;
     const hw_profile disks[2] = {machine(1e4), machine(1e12)};
     const long want[2] = {11, 40};
@@ -131,6 +140,33 @@ static void test_cold_share(void) {
               lay.cold_slots, lay.hot_bundles[0] + lay.hot_bundles[1], want[d], SLOTS - want[d]);
         layout_free(&lay);
     }
+    free(o.p_desc);
+}
+
+/* Neurons of 3000 bytes in bundles of a 4096 stride: the hot ones are packed, the room the cold slots
+ * leave holding 4096 / 3000 times more of them; with every bundle resident they stay as the file has
+ * them (loaded in place). */
+static void test_packed_hot(void) {
+    model m;
+    bundle_order o = decay_bundles(&m);
+    const layout_fixed f = {.dense_bytes = 100 * 1000.0, .gate_row = 1000, .up_row = 1000, .down_row = 1000,
+                            .neuron_bytes = 3000};
+    const uint64_t stride = layout_stride(&f, 1);
+    const hw_profile disk = machine(1e12);
+    const layout_inputs in = {.m = &m, .mode = FFN_PREDICTOR, .threads = 1, .cpu_workers = 1, .hw = &disk};
+    layout lay;
+    CHECK(stride == 4096 && layout_make(&in, &f, &o, SLOTS * stride, &lay) == 0, "layout_make failed");
+    const long hot = lay.hot_bundles[0] + lay.hot_bundles[1];
+    const long want = (long)((SLOTS - lay.cold_slots) * stride / 3000);
+    CHECK(lay.hot_stride == 3000 && lay.cold_slots == 40 && hot == want,
+          "packed: %llu bytes a hot bundle, %ld cold slots, %ld hot bundles (want 3000, 40, %ld)",
+          (unsigned long long)lay.hot_stride, lay.cold_slots, hot, want);
+    layout_free(&lay);
+    CHECK(layout_make(&in, &f, &o, (uint64_t)LAYERS * BUNDLES * stride, &lay) == 0 && lay.all_resident &&
+              lay.hot_stride == stride && lay.hot_bundles[0] + lay.hot_bundles[1] == LAYERS * BUNDLES,
+          "every bundle resident: %llu bytes a hot bundle, %ld hot", (unsigned long long)lay.hot_stride,
+          lay.hot_bundles[0] + lay.hot_bundles[1]);
+    layout_free(&lay);
     free(o.p_desc);
 }
 
@@ -216,5 +252,6 @@ int main(void) {
     us = predict_in_flight(&in, &deep, none_hot, 5, 0, 1, 1);
     CHECK(near(us, 2 * 206.0), "one read in flight at a time: %.6f us, want 412", us);
     test_cold_share();
+    test_packed_hot();
     return test_summary();
 }

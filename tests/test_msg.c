@@ -680,11 +680,42 @@ static void test_batched_task(void) {
            "pack+unpack+validate %.1f us\n", N_CL, PER, len, (double)len / (N_CL * PER), per);
 }
 
+/* An IoReadBatch's destination is its target's region: the hot region for IO_TARGET_HOT, the cold one
+ * for IO_TARGET_STAGING (a packed hot region's load), each read from the bundle file. */
+static void test_read_targets(void) {
+    static fixture f;
+    char err[256];
+    msg_limits lim = LIM;
+    lim.bundle_file_size = 8ull << 30, lim.hot_region_size = 16u << 20, lim.cold_region_size = 8u << 20;
+    const struct {
+        Pi2__IoTarget target;
+        uint64_t slot_offset;
+        const char *refused; /* NULL: accepted */
+    } cases[] = {
+        {PI2__IO_TARGET__IO_TARGET_HOT, (12u << 20), NULL},
+        {PI2__IO_TARGET__IO_TARGET_STAGING, (8u << 20) - 2 * 12288, NULL},
+        {PI2__IO_TARGET__IO_TARGET_STAGING, (12u << 20), "cold_region_size"},
+        {PI2__IO_TARGET__IO_TARGET_HOT, (16u << 20) - 12288, "hot_region_size"},
+        {(Pi2__IoTarget)3, 0, "not a valid IoTarget"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fixture_set(&f, PI2__ENVELOPE__BODY_IO_READ_BATCH);
+        f.iob.target = cases[i].target;
+        f.rd[0].slot_offset = cases[i].slot_offset, f.rd[1].slot_offset = cases[i].slot_offset + 12288;
+        err[0] = 0;
+        const int rc = msg_validate(&f.env, &lim, err, sizeof err);
+        CHECK(cases[i].refused ? rc == -1 && strstr(err, cases[i].refused) : rc == 0,
+              "target %d at slot_offset %llu: %s", (int)cases[i].target,
+              (unsigned long long)cases[i].slot_offset, rc ? err : "accepted");
+    }
+}
+
 int main(void) {
     test_round_trip();
     test_validation();
     test_garbage();
     test_refusals();
     test_batched_task();
+    test_read_targets();
     return test_summary();
 }

@@ -123,6 +123,13 @@ static void b_hot_range(fixture *f) {
 }
 static void b_hot_bytes(fixture *f) { f->plan.hot_bytes += STRIDE; }
 static void b_cold_bytes(fixture *f) { f->plan.cold_bytes = 0; }
+static void b_hot_bundle_over(fixture *f) { f->plan.hot_bundle_bytes = STRIDE + 4096; }
+/* packed hot bundles: hot_bytes counts them at hot_bundle_bytes */
+static void b_hot_bundle_bytes(fixture *f) { f->plan.hot_bundle_bytes = STRIDE / 2; }
+static void b_packed_no_cold(fixture *f) {
+    f->plan.hot_bundle_bytes = STRIDE / 2, f->plan.hot_bytes = (5 + 6 + 7) * (uint64_t)(STRIDE / 2);
+    f->plan.cold_slots = 0, f->plan.cold_bytes = 0;
+}
 static void b_lent_count(fixture *f) { f->plan.n_lent_bundles = LAYERS - 1; }
 /* layer 2 has 20 bundles, 7 of them hot */
 static void b_lent_range(fixture *f) { f->lent[2] = 14, f->plan.lent_bytes = (2 + 3 + 14) * (uint64_t)STRIDE; }
@@ -160,7 +167,8 @@ static void test_bad_fields(void) {
         {"hit rate", "prediction", b_hit},         {"curve", "curve", b_curve},
         {"no prediction", "prediction", b_prediction}, {"lent count", "lent_bundles", b_lent_count},
         {"lent range", "lent_bundles", b_lent_range}, {"lent bytes", "lent_bytes", b_lent_bytes},
-        {"lent over", "lent_bytes", b_lent_over},
+        {"lent over", "lent_bytes", b_lent_over}, {"hot bundle over", "hot_bundle_bytes", b_hot_bundle_over},
+        {"hot bundle bytes", "hot_bytes", b_hot_bundle_bytes}, {"packed, no cold", "cold_slots", b_packed_no_cold},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         fixture f;
@@ -263,6 +271,17 @@ static void test_other_model(void) {
     f.plan.cold_bytes = f.plan.cold_slots * (uint64_t)b.stride;
     f.plan.budget_bytes += f.plan.cold_bytes; /* the parts still fit */
     CHECK(plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err) == 0, "the plan's own bundle file: %s", err);
+    /* hot bundles as the file has them, or packed: their neurons' rows, nothing else */
+    const uint64_t packed = (uint64_t)b.per_bundle * b.neuron_bytes;
+    const uint64_t sizes[] = {b.stride, packed, packed + 64, packed - 64};
+    for (int i = 0; i < 4; i++) {
+        f.plan.hot_bundle_bytes = sizes[i];
+        const int rc = plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err);
+        CHECK(i < 2 ? rc == 0 : rc != 0 && strstr(err, "hot_bundle_bytes") && strstr(err, bpath),
+              "hot_bundle_bytes %llu (packed %llu, stride %zu): %s", (unsigned long long)sizes[i],
+              (unsigned long long)packed, b.stride, i < 2 ? "refused" : err);
+    }
+    f.plan.hot_bundle_bytes = 0;
     f.plan.per_bundle = PER_BUNDLE + 1;
     CHECK(plan_check_bundle(&f.plan, path, &b, bpath, err, sizeof err) != 0 && strstr(err, path) && strstr(err, bpath),
           "a bundle file of another granularity: %s", err);

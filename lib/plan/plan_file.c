@@ -89,8 +89,14 @@ static int check_memory(const Pi2__Plan *p, const char *path, char *err, size_t 
         }
         hot += p->hot_bundles[l];
     }
-    if (hot > UINT64_MAX / p->bundle_stride || hot * p->bundle_stride != p->hot_bytes)
-        return bad(err, errlen, path, "hot_bytes", "is not the hot bundles times bundle_stride");
+    const uint64_t hot_bundle = plan_hot_bundle_bytes(p);
+    if (hot_bundle > p->bundle_stride)
+        return bad(err, errlen, path, "hot_bundle_bytes", "is more than bundle_stride");
+    if (hot > UINT64_MAX / hot_bundle || hot * hot_bundle != p->hot_bytes)
+        return bad(err, errlen, path, "hot_bytes", "is not the hot bundles times hot_bundle_bytes");
+    if (hot_bundle < p->bundle_stride && hot && p->cold_slots == 0)
+        return bad(err, errlen, path, "cold_slots",
+                   "is 0 with packed hot bundles: their load is staged in the cold region");
     if ((uint64_t)p->cold_slots > UINT64_MAX / p->bundle_stride ||
         (uint64_t)p->cold_slots * p->bundle_stride != p->cold_bytes)
         return bad(err, errlen, path, "cold_bytes", "is not cold_slots times bundle_stride");
@@ -190,6 +196,15 @@ int plan_check_bundle(const Pi2__Plan *p, const char *plan_path, const bundle_fi
                 bundle_path, plan_path, b->per_bundle, b->stride, (unsigned long long)b->source_size,
                 (unsigned long long)b->source_fingerprint, p->per_bundle, (unsigned long long)p->bundle_stride,
                 (unsigned long long)p->model_size, (unsigned long long)p->model_fingerprint);
+        return -1;
+    }
+    const uint64_t packed = (uint64_t)b->per_bundle * b->neuron_bytes;
+    if (p->hot_bundle_bytes && p->hot_bundle_bytes != p->bundle_stride && p->hot_bundle_bytes != packed) {
+        err_set(err, errlen,
+                "%s: plan field 'hot_bundle_bytes' is %llu; with the bundles of %s it is 0, their stride %zu or "
+                "their %d neurons' rows packed, %llu",
+                plan_path, (unsigned long long)p->hot_bundle_bytes, bundle_path, b->stride, b->per_bundle,
+                (unsigned long long)packed);
         return -1;
     }
     return 0;

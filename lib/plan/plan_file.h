@@ -38,10 +38,17 @@ int plan_validate(const Pi2__Plan *p, const char *path, char *err, size_t errlen
 int plan_save(const Pi2__Plan *p, const char *path, char *err, size_t errlen);
 
 /* The bundle file the plan names is the one it was made with: the same
- * model file (size, fingerprint), shape, neurons per bundle and stride. The
- * error names both files. 0, or -1 with err set. */
+ * model file (size, fingerprint), shape, neurons per bundle and stride, and
+ * hot_bundle_bytes is one its bundles allow. The error names both files. 0,
+ * or -1 with err set. */
 int plan_check_bundle(const Pi2__Plan *p, const char *plan_path, const bundle_file *b, const char *bundle_path,
                       char *err, size_t errlen);
+
+/* Bytes a hot bundle takes in memory: packed (the per_bundle neurons' rows without the file's padding to
+ * a 4096-byte stride) or, when the plan says 0, bundle_stride. */
+static inline uint64_t plan_hot_bundle_bytes(const Pi2__Plan *p) {
+    return p->hot_bundle_bytes ? p->hot_bundle_bytes : p->bundle_stride;
+}
 
 /* Bundles of a layer of n_ff neurons at per_bundle neurons each. */
 static inline long plan_bundles_per_layer(long n_ff, long per_bundle) { return (n_ff + per_bundle - 1) / per_bundle; }

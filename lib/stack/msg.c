@@ -488,12 +488,15 @@ static int v_io_read_batch(const vctx *v, const Pi2__Envelope *env) {
     if (check_count(v, "IoReadBatch", "reads", m->n_reads, MSG_MAX_IO_READS)) return -1;
     if (m->n_reads == 0) return fail(v, "IoReadBatch.reads is empty");
     const bool hot = m->target == PI2__IO_TARGET__IO_TARGET_HOT;
-    if (!hot && m->target != PI2__IO_TARGET__IO_TARGET_WEIGHTS)
+    const bool staging = m->target == PI2__IO_TARGET__IO_TARGET_STAGING;
+    if (!hot && !staging && m->target != PI2__IO_TARGET__IO_TARGET_WEIGHTS)
         return fail(v, "IoReadBatch.target = %d is not a valid IoTarget", (int)m->target);
-    const uint64_t file_size = hot ? v->lim->bundle_file_size : v->lim->model_file_size;
-    const uint64_t dest_size = hot ? v->lim->hot_region_size : v->lim->weight_segment_size;
-    const char *file_name = hot ? "bundle_file_size" : "model_file_size";
-    const char *dest_name = hot ? "hot_region_size" : "weight_segment_size";
+    const uint64_t file_size = hot || staging ? v->lim->bundle_file_size : v->lim->model_file_size;
+    const uint64_t dest_size = hot       ? v->lim->hot_region_size
+                               : staging ? v->lim->cold_region_size
+                                         : v->lim->weight_segment_size;
+    const char *file_name = hot || staging ? "bundle_file_size" : "model_file_size";
+    const char *dest_name = hot ? "hot_region_size" : staging ? "cold_region_size" : "weight_segment_size";
     char path[64];
     for (size_t i = 0; i < m->n_reads; i++) {
         const Pi2__IoRead *r = m->reads[i];

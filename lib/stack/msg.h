@@ -43,9 +43,10 @@ typedef struct {
     uint64_t model_file_size;         /* the file IoRead.file_offset addresses */
     uint64_t slot_size;               /* bytes of one neuron's cache slot (bundle) */
     /* a stack under a memory budget (docs/offload.md); zero otherwise, which refuses every
-     * IO_TARGET_HOT read and BundleLoad */
-    uint64_t bundle_file_size;        /* the file IO_TARGET_HOT reads address */
+     * IO_TARGET_HOT or IO_TARGET_STAGING read and BundleLoad */
+    uint64_t bundle_file_size;        /* the file IO_TARGET_HOT and _STAGING reads address */
     uint64_t hot_region_size;         /* the neuron cache's hot region, their destination */
+    uint64_t cold_region_size;        /* its cold region, IO_TARGET_STAGING reads' destination */
     uint32_t n_bundles;               /* bundles per layer of the bundle file */
 } msg_limits;
 

@@ -146,6 +146,7 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
     o->up_bytes = b->up_bytes;
     o->down_bytes = b->down_bytes;
     o->neuron_bytes = b->neuron_bytes;
+    o->hot_stride = (size_t)plan_hot_bundle_bytes(p);
     o->cold_slots = p->cold_slots;
     o->cold_bytes = (uint64_t)(p->cold_slots ? p->cold_slots : 1) * o->stride;
     o->hot_offset = calloc((size_t)m->n_layer, sizeof *o->hot_offset);
@@ -156,7 +157,7 @@ int offload_open(offload *o, const model *m, const char *model_path, const char 
     }
     for (int l = 0; l < m->n_layer; l++) {
         o->hot_offset[l] = o->hot_bytes;
-        o->hot_bytes += (uint64_t)p->hot_bundles[l] * o->stride;
+        o->hot_bytes += (uint64_t)p->hot_bundles[l] * o->hot_stride;
         o->lent_offset[l] = o->lent_bytes;
         o->lent_bytes += (uint64_t)offload_lent_bundles(o, l) * o->stride;
     }

@@ -14,7 +14,10 @@
  *
  * Neuron cache segment (STACK_SEG_FFN): region "hot" holds each layer's
  * first plan.hot_bundles[l] bundles (the hottest, one sequential range of
- * the bundle file per layer), region "cold" plan.cold_slots bundle-sized
+ * the bundle file per layer), hot_stride bytes each: the file's stride, or
+ * packed (the neurons' rows without the padding that keeps the file's
+ * bundles 4096-aligned; their load is staged in the cold region and checked
+ * there, cachemgr/loader.c); region "cold" plan.cold_slots bundle-sized
  * slots and region "table" their slot table (stack/neuron_cache.h). Under a
  * plan that lends the prefill's memory, sparse region "lent" holds each
  * layer's next plan.lent_bundles[l] bundles between prompts, and region
@@ -77,6 +80,7 @@ typedef struct {
     uint64_t hot_bytes, cold_bytes, table_bytes;
     uint32_t cold_slots;
     size_t stride, gate_bytes, up_bytes, down_bytes, neuron_bytes;
+    size_t hot_stride;             /* a hot bundle's bytes in region "hot" (plan_hot_bundle_bytes) */
     int per_bundle;
     long n_bundles;                /* per layer */
     int32_t *pos_of;               /* [n_layer][n_ff]: a neuron's place in its layer's bundle order; NULL
@@ -94,6 +98,9 @@ void offload_close(offload *o);
 /* Points every preloaded tensor of m into image (the weights segment's data
  * region, preload_bytes long); the others keep pointing into the file. */
 int offload_rebase(const offload *o, model *m, const uint8_t *image, uint64_t image_bytes);
+
+/* The hot region is packed: its bundles are not laid out as the file's. */
+static inline bool offload_hot_packed(const offload *o) { return o->hot_stride != o->stride; }
 
 /* Region sizes as the segment is created (a region is never empty). */
 static inline uint64_t offload_hot_region_bytes(const offload *o) { return o->hot_bytes ? o->hot_bytes : 4096; }
