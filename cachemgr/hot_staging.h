@@ -5,9 +5,10 @@
  * laid out after the load), checked there against their checksums, and
  * copied packed into the hot region.
  *
- * A buffer whose batch was sent again (its io-worker did not answer in time)
- * may still be written by the first send's late reads: it is retired, never
- * handed out again. */
+ * A batch sent again (its io-worker did not answer in time) goes to the same
+ * buffer, so whichever send lands, the bytes are the same; once it is in,
+ * the other send may still be reading into that buffer, so it is retired,
+ * never handed out again. */
 #ifndef PI2_HOT_STAGING_H
 #define PI2_HOT_STAGING_H
 

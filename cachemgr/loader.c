@@ -2,8 +2,8 @@
  * [weights_file_offset, end) as reads of at most 4 MiB, grouped in batches,
  * several batches in flight. A batch not answered in time is sent again (the
  * io-worker may have been restarted); reads are idempotent, so a late or
- * duplicate answer does no harm, except into a staging buffer of a packed
- * hot region, which is then retired (hot_staging.h). */
+ * duplicate answer does no harm (a packed hot region's staging buffer that
+ * a second send may still read into is retired: hot_staging.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +33,7 @@ typedef struct {
     int layer;
     long first, n;
     int buffer;                /* the staging buffer it holds, -1 before its first send */
+    bool resent;               /* sent again after a timeout: an earlier send's reads may land later */
 } staged;
 
 typedef struct {
@@ -225,10 +226,7 @@ static int pump(loader *L) {
                      L->c->io_timeout_ms);
             b->state = BATCH_PENDING;
             L->in_flight--;
-            if (b->stage.layer >= 0) { /* the first send's reads may still land in its buffer */
-                hot_staging_retire(&L->staging, b->stage.buffer);
-                b->stage.buffer = -1;
-            }
+            b->stage.resent = true; /* sent again into the same buffer: the same bytes, whichever lands */
         }
     }
     for (size_t i = 0; i < L->n_batches && L->in_flight < BATCHES_IN_FLIGHT; i++) {
@@ -236,7 +234,7 @@ static int pump(loader *L) {
         if (b->state != BATCH_PENDING) continue;
         if (b->stage.layer >= 0 && b->stage.buffer < 0 && (b->stage.buffer = hot_staging_take(&L->staging)) < 0) {
             if (!hot_staging_exhausted(&L->staging)) break; /* the buffers are busy: in order, after them */
-            log_error("every staging buffer of the hot region was retired: the io-worker did not answer %d times",
+            log_error("every staging buffer of the hot region was retired: the io-worker answered %d batches late",
                       L->staging.n_buffers);
             return -1;
         }
@@ -245,11 +243,13 @@ static int pump(loader *L) {
     return 0;
 }
 
-/* A staged batch's bundles are all in: checked and copied to the hot region, its buffer free again. */
+/* A staged batch's bundles are all in: checked and copied to the hot region, its buffer free again (or
+ * retired, when a send of it may still be reading into it). */
 static int land_staged(loader *L, batch *b) {
     if (b->stage.layer < 0) return 0;
     const int rc = hot_staging_land(&L->staging, &L->c->off, b->stage.buffer, L->cold, L->hot, b->stage.layer,
                                     b->stage.first, b->stage.n);
+    if (b->stage.resent) hot_staging_retire(&L->staging, b->stage.buffer);
     hot_staging_give(&L->staging, b->stage.buffer);
     return rc;
 }
