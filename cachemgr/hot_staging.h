@@ -2,8 +2,10 @@
  * does not start on a 4096-byte boundary, so O_DIRECT cannot read it in
  * place. Chunks of a layer's hot bundles are read as the file lays them out
  * into staging buffers in the cold region (empty until the slot table is
- * laid out after the load), checked there against their checksums, and
- * copied packed into the hot region.
+ * laid out after the load) and copied packed into the hot region; each
+ * bundle is then checked as the hot region holds it (its rows, and zeros for
+ * the file's padding), so a read that lands in a buffer late cannot slip
+ * unchecked bytes in.
  *
  * A batch sent again (its io-worker did not answer in time) goes to the same
  * buffer, so whichever send lands, the bytes are the same; once it is in,
@@ -25,11 +27,14 @@ typedef struct {
     uint64_t buffer_bytes;        /* a multiple of the bundle stride */
     bool busy[HOT_STAGING_BUFFERS];
     bool retired[HOT_STAGING_BUFFERS];
+    uint8_t *check;               /* [stride]: a landed bundle as the file has it, for its checksum */
 } hot_staging;
 
 /* Buffers for o's packed load in a cold region of cold_bytes. -1 when it
- * cannot hold one bundle (the plan's checks refuse such a plan). */
+ * cannot hold one bundle (the plan's checks refuse such a plan) or out of
+ * memory. */
 int hot_staging_init(hot_staging *s, const offload *o, uint64_t cold_bytes);
+void hot_staging_free(hot_staging *s);
 
 /* Bundles of a chunk: as many as a buffer holds. */
 static inline long hot_staging_chunk_bundles(const hot_staging *s, const offload *o) {
@@ -45,9 +50,9 @@ void hot_staging_retire(hot_staging *s, int i);
 bool hot_staging_exhausted(const hot_staging *s);
 
 /* Layer l's bundles first .. first + n - 1, read into staging buffer i of
- * `cold`: checked, then copied packed to their place in `hot`. -1 (logged,
- * naming the bundle file, layer, bundle and offset) when one does not match
- * its checksum. */
+ * `cold`: copied packed to their place in `hot` and checked there. -1
+ * (logged, naming the bundle file, layer, bundle and offset) when one does
+ * not match its checksum. */
 int hot_staging_land(const hot_staging *s, const offload *o, int i, const uint8_t *cold, uint8_t *hot, int l,
                      long first, long n);
 

@@ -390,6 +390,7 @@ int cm_load_weights(cachemgr *c) {
                  dt > 0 ? (double)bytes / 1e9 / dt : 0.0, (unsigned long long)gen);
     }
 out:
+    hot_staging_free(&L.staging);
     free(L.reads);
     free(L.targets);
     free(L.chunk_of);

@@ -63,7 +63,11 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
         return;
     }
     uint64_t t0 = clock_us(), bytes = 0;
-    if (!have_weights) {
+    /* once the weights are ready the cold region holds slots: a staging read then is a stale cachemgr's */
+    const bool stale_staging = b->target == PI2__IO_TARGET__IO_TARGET_STAGING && w->ctl &&
+                               atomic_load(&w->ctl->weights_ready);
+    if (stale_staging) log_warn("refused a staging batch: the weights are loaded and the cold region holds slots");
+    if (!have_weights || stale_staging) {
         for (size_t i = 0; i < n; i++) results[i] = -ESTALE;
     } else {
         const bool hot = b->target == PI2__IO_TARGET__IO_TARGET_HOT;

@@ -38,7 +38,8 @@
 #     persistent one ends the generation with an error naming the bundle
 #     file, never with other text;
 #   - hostile batches written into a cpu-worker's bundle ring are refused and
-#     the io-worker keeps serving;
+#     the io-worker keeps serving; so is a read into the cold region (a packed
+#     hot region's staging) once the weights are loaded;
 #   - the io-worker, a cpu-worker, cachemgr killed with -9 while misses are in
 #     flight: same text; a cpu-worker killed while it holds pins: its successor
 #     lets them go (no slot pinned once the stack is idle).
@@ -310,6 +311,11 @@ fi
 io_pid=$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")
 "$BIN/pi2-garbage" --ring "$R50:1" >"$TMP/ring.out" 2>&1 && [ "$(grep -c ": refused: " "$TMP/ring.out")" = 3 ]
 check "hostile batches in a cpu-worker's bundle ring: the io-worker refuses each" $?
+# a packed hot region's staging read once the weights are loaded (a stale cachemgr's): refused, as the cold
+# region holds slots by then
+"$BIN/pi2-garbage" -e "ipc://$("$PI2" rundir -r "$R50")/io.sock" --stale-staging >"$TMP/staging.out" 2>&1 &&
+    grep -q "refused" "$TMP/staging.out"
+check "a staging read after the load: the io-worker refuses it" $?
 generate "$R50" "$TMP/after-ring.txt" "$LAST_CG"
 cmp -s "$TMP/ref.txt" "$TMP/after-ring.txt" && [ "$(cat "$("$PI2" rundir -r "$R50")/io-worker.pid")" = "$io_pid" ]
 check "... and keeps serving: the next generation gives the same text" $?

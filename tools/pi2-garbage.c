@@ -10,7 +10,11 @@
  * budgeted stack, idle: the ring has one writer): batches of a layer and of a
  * bundle outside the model, then counters that no ring can have; the
  * io-worker must refuse the first two in their answers and empty the ring
- * for the third. */
+ * for the third. With --stale-staging it sends the io-worker at ENDPOINT one
+ * well-formed read into the cold region (IO_TARGET_STAGING, as a packed hot
+ * region's load does), which a stack whose weights are ready must refuse:
+ * exit 0 when its answer says so (-ESTALE). */
+#include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -286,16 +290,54 @@ static int hostile_ring(const char *spec) {
     return rc;
 }
 
+/* A cachemgr's staging read, after the load: the answer must refuse it. */
+static int stale_staging(sender *s) {
+    Pi2__IoRead rd = PI2__IO_READ__INIT; /* the bundle file's first page into the cold region's first */
+    rd.length = 4096;
+    Pi2__IoRead *rds[1] = {&rd};
+    Pi2__IoReadBatch rb = PI2__IO_READ_BATCH__INIT;
+    rb.batch_id = 1;
+    rb.target = PI2__IO_TARGET__IO_TARGET_STAGING;
+    rb.n_reads = 1;
+    rb.reads = rds;
+    Pi2__Envelope env;
+    msg_envelope_init(&env, 1, 0);
+    env.body_case = PI2__ENVELOPE__BODY_IO_READ_BATCH;
+    env.io_read_batch = &rb;
+    if (send_envelope(s, &env)) return 1;
+    int timeout = 30000;
+    zmq_setsockopt(s->sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    uint8_t tag[4], buf[4096];
+    int more = 0, n = (int)zmq_recv(s->sock, tag, sizeof tag, 0);
+    size_t more_len = sizeof more;
+    zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
+    const int len = n == 4 && more ? (int)zmq_recv(s->sock, buf, sizeof buf, 0) : -1;
+    char err[256];
+    Pi2__Envelope *got = len > 0 && len <= (int)sizeof buf ? msg_unpack(buf, (size_t)len, err, sizeof err) : NULL;
+    if (!got || got->body_case != PI2__ENVELOPE__BODY_IO_COMPLETE || got->io_complete->n_results != 1) {
+        log_error("no IoComplete for the staging read within %d ms", timeout);
+        msg_free(got);
+        return 1;
+    }
+    const int32_t result = got->io_complete->results[0];
+    msg_free(got);
+    printf("staging read after the load: %s (%d)\n", result == -ESTALE ? "refused" : "served", result);
+    return result == -ESTALE ? 0 : 1;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pi2-garbage -e ENDPOINT [-n ROUNDS] [-s SEED] [--no-oversized]\n"
             "       pi2-garbage --ring RUN:N\n"
+            "       pi2-garbage -e IO_ENDPOINT --stale-staging\n"
             "  -e, --endpoint E    where to send, e.g. ipc:///tmp/pi2-0-default/coordinator.sock\n"
             "  -n, --rounds N      rounds of broken frames and invalid Envelopes (default 20)\n"
             "  -s, --seed S        seed of the random bytes (default 1)\n"
             "      --no-oversized  skip the final frame larger than MSG_MAX_FRAME\n"
             "      --ring RUN:N    hostile batches in cpu-worker N's bundle ring of budgeted run RUN\n"
             "                      (while it is idle); exit 0 when the io-worker refused each\n"
+            "      --stale-staging one read into the cold region of a budgeted stack whose weights\n"
+            "                      are loaded; exit 0 when the io-worker refused it\n"
             "  -h, --help          this help\n"
             "Connects a DEALER (identity garbage-<pid>) and sends frames that a correct\n"
             "receiver must drop; prints how many it sent.\n");
@@ -303,15 +345,16 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     log_init(argv[0]);
-    enum { OPT_NO_OVERSIZED = 256, OPT_RING };
+    enum { OPT_NO_OVERSIZED = 256, OPT_RING, OPT_STALE_STAGING };
     static const struct option longopts[] = {
         {"endpoint", required_argument, 0, 'e'}, {"rounds", required_argument, 0, 'n'},
         {"seed", required_argument, 0, 's'},     {"no-oversized", no_argument, 0, OPT_NO_OVERSIZED},
-        {"ring", required_argument, 0, OPT_RING}, {"help", no_argument, 0, 'h'},
+        {"ring", required_argument, 0, OPT_RING}, {"stale-staging", no_argument, 0, OPT_STALE_STAGING},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *endpoint = NULL;
     long rounds = 20;
-    int oversized = 1;
+    int oversized = 1, staging = 0;
     rng_state = 1;
     int c;
     char *end;
@@ -330,6 +373,7 @@ int main(int argc, char **argv) {
             if (rng_state == 0) rng_state = 1; /* xorshift's one fixed point */
             break;
         case OPT_NO_OVERSIZED: oversized = 0; break;
+        case OPT_STALE_STAGING: staging = 1; break;
         case OPT_RING: return optind == argc ? hostile_ring(optarg) : (usage(stderr), 2);
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -356,10 +400,14 @@ int main(int argc, char **argv) {
         log_error("connect %s: %s", endpoint, zmq_strerror(zmq_errno()));
         rc = 1;
     }
-    for (long r = 0; rc == 0 && r < rounds; r++)
-        if (send_broken_frames(&s) || send_invalid_envelopes(&s)) rc = 1;
-    if (rc == 0 && oversized && send_oversized(&s)) rc = 1;
-    if (rc == 0) printf("%s: sent %ld messages (%ld frames)\n", endpoint, s.messages, s.frames);
+    if (staging) {
+        if (rc == 0) rc = stale_staging(&s);
+    } else {
+        for (long r = 0; rc == 0 && r < rounds; r++)
+            if (send_broken_frames(&s) || send_invalid_envelopes(&s)) rc = 1;
+        if (rc == 0 && oversized && send_oversized(&s)) rc = 1;
+        if (rc == 0) printf("%s: sent %ld messages (%ld frames)\n", endpoint, s.messages, s.frames);
+    }
     zmq_close(s.sock); /* lingers up to 2 s so the frames actually leave */
     zmq_ctx_term(ctx);
     return rc;
