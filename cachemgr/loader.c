@@ -20,9 +20,7 @@
 
 #define READ_BYTES (4u << 20)  /* one read; a multiple of 4096, so O_DIRECT stays aligned */
 #define READS_PER_BATCH 8u
-/* a staged chunk's reads: HOT_STAGING_MAX_BYTES of them */
-#define MAX_BATCH_READS (HOT_STAGING_MAX_BYTES / READ_BYTES > READS_PER_BATCH ? HOT_STAGING_MAX_BYTES / READ_BYTES \
-                                                                             : READS_PER_BATCH)
+_Static_assert(HOT_STAGING_MAX_BYTES / READ_BYTES <= READS_PER_BATCH, "a staged chunk's reads fit one batch");
 #define BATCHES_IN_FLIGHT 4
 #define MAX_ATTEMPTS 4         /* a batch whose reads keep failing ends the load */
 
@@ -170,7 +168,7 @@ static int plan_reads(loader *L) {
         /* a staged chunk is one batch: it lands, and is checked, as one */
         const bool stage = L->targets[first] == PI2__IO_TARGET__IO_TARGET_STAGING;
         size_t n = 1;
-        while ((stage || n < READS_PER_BATCH) && first + n < L->n_reads && L->targets[first + n] == L->targets[first] &&
+        while (n < READS_PER_BATCH && first + n < L->n_reads && L->targets[first + n] == L->targets[first] &&
                (!stage || L->chunk_of[first + n] == L->chunk_of[first]))
             n++;
         L->batches[L->n_batches] = (batch){.id = nonce | (L->n_batches + 1), .first = first, .n = n,
@@ -182,7 +180,7 @@ static int plan_reads(loader *L) {
 }
 
 static int send_batch(loader *L, batch *b) {
-    Pi2__IoRead *ptrs[MAX_BATCH_READS], moved[MAX_BATCH_READS];
+    Pi2__IoRead *ptrs[READS_PER_BATCH], moved[READS_PER_BATCH];
     for (size_t i = 0; i < b->n; i++) ptrs[i] = &L->reads[b->first + i];
     if (b->stage.layer >= 0) { /* into its staging buffer */
         const uint64_t base = (uint64_t)b->stage.buffer * L->staging.buffer_bytes;
