@@ -1,9 +1,9 @@
 /* The neuron cache of a budgeted stack (docs/offload.md), once the hot
- * region is read: each hot bundle is checked against its own checksum (a
- * packed region's were as they landed; the
+ * region is read: each hot bundle is checked against its own checksum (the
  * bundle file names a bad one: corrupted storage must not become wrong
- * weights), then the slot table is laid out fresh over the cold region, and
- * the cpu-workers' shared predictor copy is made. */
+ * weights; a packed region's were checked as they landed), then the slot
+ * table is laid out fresh over the cold region, and the cpu-workers' shared
+ * predictor copy is made. */
 #include <stdio.h>
 
 #include "cachemgr.h"

@@ -12,7 +12,6 @@
 #include <stdatomic.h>
 #include <limits.h>
 #include <liburing.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 
 #include "plan/bundle.h"
 #include "util/clock.h"
+#include "util/compare_double.h"
 #include "util/log.h"
 #include "util/mem_limit.h"
 #include "util/synth_rng.h"
@@ -246,6 +246,8 @@ static double reads_per_second(io_bench *b, enum read_pattern pattern, size_t by
 
 /* ---- the reading thread's CPU per read, beside a busy thread on its core ---- */
 
+#define CPU_ROUNDS 3
+
 static atomic_bool spin_stop;
 
 /* a compute worker's stand-in: busy until told to stop */
@@ -263,14 +265,7 @@ static void *spin(void *arg) {
  * 1.3 us, 8 KiB reads at depth 128, Intel Xeon). So the reads are timed with
  * this thread and a busy one pinned to the CPU it runs on; without the leave
  * to pin (a restricted cpuset), on an idle core. Plain, then checked as the
- * io-worker checks bundles. */
-#define CPU_ROUNDS 3
-
-static double median3(const double v[3]) {
-    const double lo = fmin(v[0], v[1]), hi = fmax(v[0], v[1]);
-    return fmax(lo, fmin(hi, v[2]));
-}
-
+ * io-worker checks bundles, each size's figure the median of CPU_ROUNDS. */
 static int measure_read_cpu(hw_profile *h, io_bench *b, double seconds, hw_step_fn step, void *step_ctx, char *err,
                             size_t errlen) {
     cpu_set_t was, one;
@@ -297,7 +292,10 @@ static int measure_read_cpu(hw_profile *h, io_bench *b, double seconds, hw_step_
                 if (reads_per_second(b, READ_RANDOM, (size_t)hw_io_size_kib[s] << 10, HW_IO_CPU_DEPTH,
                                      seconds / 2, check, &us[r], err, errlen) == 0)
                     rc = -1;
-            if (rc == 0) *(check ? &h->checked_cpu_us[s] : &h->io_cpu_us[s]) = median3(us);
+            if (rc == 0) {
+                qsort(us, CPU_ROUNDS, sizeof *us, compare_double);
+                *(check ? &h->checked_cpu_us[s] : &h->io_cpu_us[s]) = us[CPU_ROUNDS / 2];
+            }
         }
     if (spinning) {
         atomic_store(&spin_stop, true);

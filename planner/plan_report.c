@@ -28,7 +28,7 @@ void plan_print(FILE *out, const Pi2__Plan *p) {
         fprintf(out, "  processes    %9.1f MiB\n", mib(p->process_bytes));
     fprintf(out, "  staging      %9.1f MiB  prefill: slots of FFN rows streamed from the model\n",
             mib(p->staging_bytes));
-    uint64_t hot = 0, total = (uint64_t)p->n_layer * (uint64_t)((p->n_ff + p->per_bundle - 1) / p->per_bundle);
+    uint64_t hot = 0, total = (uint64_t)p->n_layer * (uint64_t)plan_bundles_per_layer(p->n_ff, p->per_bundle);
     for (size_t l = 0; l < p->n_hot_bundles; l++) hot += p->hot_bundles[l];
     const uint64_t hot_bundle = plan_hot_bundle_bytes(p);
     fprintf(out, "  hot          %9.1f MiB  %llu of %llu bundles pinned (%.1f %%), %llu bytes each%s\n",
