@@ -65,7 +65,7 @@ static void submit(bundle_read *rd) {
     rd->tries++;
     rd->job = (io_job){bundle_file_offset(l->b, (int)rd->key.layer, (long)rd->key.bundle), (uint32_t)l->b->stride,
                        rd->dest, 0};
-    if (uring_reader_queue(l->reader, &rd->job, read_done, rd)) {
+    if (file_reader_queue(l->reader, &rd->job, read_done, rd)) {
         rd->job.result = -ENOMEM;
         read_done(rd, &rd->job);
     }
@@ -181,10 +181,10 @@ int bundle_loader_start(bundle_loader *l, const bundle_key *keys, int n, bundle_
     return 0;
 }
 
-void bundle_loader_poll(bundle_loader *l, int wait_ms) { uring_reader_reap(l->reader, wait_ms); }
+void bundle_loader_poll(bundle_loader *l, int wait_ms) { file_reader_reap(l->reader, wait_ms); }
 
 void bundle_loader_drain(bundle_loader *l) {
-    while (l->open_batches > 0 && uring_reader_busy(l->reader) > 0) uring_reader_reap(l->reader, 100);
+    while (l->open_batches > 0 && file_reader_busy(l->reader) > 0) file_reader_reap(l->reader, 100);
     free(l->reading);
     l->reading = NULL;
 }

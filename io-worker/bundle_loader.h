@@ -19,7 +19,7 @@
 
 #include "plan/bundle.h"
 #include "stack/neuron_cache.h"
-#include "util/uring_reader.h"
+#include "util/file_reader.h"
 
 #define BUNDLE_READ_TRIES 3
 
@@ -56,7 +56,7 @@ struct bundle_read;
 typedef struct {
     const bundle_file *b;
     const char *path;       /* for messages */
-    uring_reader *reader;   /* on the bundle file */
+    file_reader *reader;   /* on the bundle file */
     ncache *cache;
     bool verify;            /* check every bundle's checksum (on by default; its cost is measured) */
     bundle_fault_fn fault;

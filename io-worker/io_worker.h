@@ -16,12 +16,12 @@
 #include "stack/proc_stop.h"
 #include "stack/shm.h"
 #include "stack/stack.h"
-#include "util/uring_reader.h"
+#include "util/file_reader.h"
 
 typedef struct {
     const char *runid;
     char model_path[PATH_MAX]; /* absolute, as the control block records it */
-    uring_reader *reader;
+    file_reader *reader;
     bus_socket *sock;
     uint64_t seq;              /* of the Envelopes we send */
     peer_limit drops;          /* per peer: what we drop or refuse, a line (and an Error) a second at most */
@@ -43,7 +43,7 @@ typedef struct {
     bool budgeted;             /* opened: off, bundle_reader, ffn_seg, hot, cold */
     model m;                   /* the plan's checks need it; metadata only */
     offload off;
-    uring_reader *bundle_reader;
+    file_reader *bundle_reader;
     shm_segment *ffn_seg;
     uint8_t *hot, *cold;       /* its "hot" and "cold" regions */
     uint64_t hot_bytes, cold_bytes;

@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
         log_error("model %s: %s", o.model, strerror(errno));
         return 1;
     }
-    w.reader = uring_reader_open(w.model_path, o.queue_depth ? (unsigned)o.queue_depth : 32, err, sizeof err);
+    w.reader = file_reader_open(w.model_path, o.queue_depth ? (unsigned)o.queue_depth : 32, err, sizeof err);
     if (!w.reader) { log_error("%s", err); return 1; }
 
     int status = 1;
@@ -179,6 +179,6 @@ out:
     bus_close(w.sock);
     bus_ctx_free(ctx);
     iow_detach(&w);
-    uring_reader_close(w.reader);
+    file_reader_close(w.reader);
     return status;
 }

@@ -57,7 +57,7 @@ void iow_close_offload(io_worker *w) {
     w->bell_fd = -1;
     ncache_detach(w->cache);
     shm_detach(w->ffn_seg);
-    uring_reader_close(w->bundle_reader);
+    file_reader_close(w->bundle_reader);
     offload_close(&w->off);
     if (w->budgeted) model_free(&w->m);
     w->cache = NULL;
@@ -99,7 +99,7 @@ int iow_open_offload(io_worker *w) {
         goto fail;
     }
     const unsigned depth = bundle_queue_depth(w);
-    if (!(w->bundle_reader = uring_reader_open(w->off.bundle_path, depth, err, sizeof err))) {
+    if (!(w->bundle_reader = file_reader_open(w->off.bundle_path, depth, err, sizeof err))) {
         log_error("%s", err);
         goto fail;
     }
@@ -115,8 +115,9 @@ int iow_open_offload(io_worker *w) {
     parse_fault(w);
     if ((w->bell_fd = doorbell_open(w->runid, err, sizeof err)) < 0)
         log_warn("doorbell: %s; while idle the cpu-workers' rings are looked at every 100 ms", err);
-    log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight%s", w->off.bundle_path,
-             w->off.cold_slots, w->off.stride, depth, w->verify ? "" : ", checksums not checked");
+    log_info("budgeted stack: bundles from %s, %u cold slots of %zu bytes, %u reads in flight by %s%s",
+             w->off.bundle_path, w->off.cold_slots, w->off.stride, depth, file_reader_engine(w->bundle_reader),
+             w->verify ? "" : ", checksums not checked");
     return 0;
 fail:
     iow_close_offload(w);
@@ -135,8 +136,10 @@ int iow_attach_cache(io_worker *w) {
     w->loader.cache = w->cache;
     uint64_t cold_bytes;
     uint8_t *cold = shm_region_ptr(w->ffn_seg, "cold", &cold_bytes);
-    int rc = cold ? uring_reader_register_buffer(w->bundle_reader, cold, cold_bytes) : -EINVAL;
-    if (rc < 0) log_info("cold slots not registered with the ring (%s): reads pin their pages", strerror(-rc));
+    int rc = cold ? file_reader_register_buffer(w->bundle_reader, cold, cold_bytes) : -EINVAL;
+    if (rc == -EOPNOTSUPP) log_debug("cold slots not registered: the %s engine has no ring",
+                                     file_reader_engine(w->bundle_reader));
+    else if (rc < 0) log_info("cold slots not registered with the ring (%s): reads pin their pages", strerror(-rc));
     return 0;
 }
 

@@ -72,7 +72,7 @@ static void attach_ctl(io_worker *w) {
         shm_detach(seg); /* not initialised yet: try again later */
         return;
     }
-    if (ctl_check(ctl, w->model_path, uring_reader_file_size(w->reader), err, sizeof err)) {
+    if (ctl_check(ctl, w->model_path, file_reader_file_size(w->reader), err, sizeof err)) {
         log_error("%s: %s", name, err);
         w->fatal = true;
         shm_detach(seg);

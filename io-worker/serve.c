@@ -78,7 +78,7 @@ static void read_batch(io_worker *w, const struct bus_msg *m, const Pi2__Envelop
                                .dest = dest + b->reads[i]->slot_offset};
         w->state = PROC_BUSY;
         pause_for_tests(w);
-        uring_reader_run(hot || staging ? w->bundle_reader : w->reader, jobs, n, iow_beat, w);
+        file_reader_run(hot || staging ? w->bundle_reader : w->reader, jobs, n, iow_beat, w);
         w->state = PROC_READY;
         for (size_t i = 0; i < n; i++) {
             results[i] = jobs[i].result;
@@ -125,11 +125,11 @@ void iow_serve(io_worker *w, const struct bus_msg *m) {
     bool have_weights = ensure_fresh_weights(w) == 0;
     iow_open_offload(w); /* under a budget: the bundle file and the neuron cache */
     /* Every read must lie inside its file and its destination; bundles inside the bundle file. */
-    msg_limits lim = {.model_file_size = uring_reader_file_size(w->reader), .weight_segment_size = w->data_bytes};
+    msg_limits lim = {.model_file_size = file_reader_file_size(w->reader), .weight_segment_size = w->data_bytes};
     if (w->budgeted) {
         lim.n_layer = (uint32_t)w->m.n_layer;
         lim.n_bundles = (uint32_t)w->off.n_bundles;
-        lim.bundle_file_size = uring_reader_file_size(w->bundle_reader);
+        lim.bundle_file_size = file_reader_file_size(w->bundle_reader);
         lim.hot_region_size = w->hot_bytes;
         lim.cold_region_size = w->cold_bytes;
     }

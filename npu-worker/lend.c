@@ -6,7 +6,7 @@
 
 #include "util/clock.h"
 #include "util/log.h"
-#include "util/uring_reader.h"
+#include "util/file_reader.h"
 
 #define IDLE_WAIT_MS 2000           /* a cpu-worker still in a step this long after the flag cleared is stuck */
 #define FILL_READ_BYTES (1u << 20) /* large reads: each layer's lent bundles are one range of the bundle file */
@@ -19,7 +19,7 @@ struct lender {
     shm_segment *seg;
     offload_lend *flag;
     uint8_t *lent;
-    uring_reader *reader;
+    file_reader *reader;
     io_job *jobs;          /* the fill's reads, destinations set as the region is mapped */
     uint64_t *dest_offset; /* [n_jobs]: each read's place in the region */
     size_t n_jobs;
@@ -76,7 +76,7 @@ lender *lender_open(stack_view *sv, const char *runid, bool *failed) {
         log_error("neuron cache segment of run '%s': %s", runid, shm_last_error());
         goto fail;
     }
-    if (!(L->reader = uring_reader_open(sv->off.bundle_path, FILL_DEPTH, err, sizeof err))) {
+    if (!(L->reader = file_reader_open(sv->off.bundle_path, FILL_DEPTH, err, sizeof err))) {
         log_error("%s", err);
         goto fail;
     }
@@ -93,7 +93,7 @@ fail:
 
 void lender_close(lender *L) {
     if (!L) return;
-    uring_reader_close(L->reader);
+    file_reader_close(L->reader);
     shm_detach(L->seg);
     free(L->jobs);
     free(L->dest_offset);
@@ -153,7 +153,7 @@ void lender_fill(lender *L, void (*beat)(void *), void *ctx) {
     if (attach(L) || atomic_load(&L->flag->ready)) return;
     const uint64_t t0 = clock_us();
     for (size_t i = 0; i < L->n_jobs; i++) L->jobs[i].dest = L->lent + L->dest_offset[i], L->jobs[i].result = 0;
-    uring_reader_run(L->reader, L->jobs, L->n_jobs, beat, ctx);
+    file_reader_run(L->reader, L->jobs, L->n_jobs, beat, ctx);
     if (!fill_good(L)) {
         shm_region_punch(L->seg, "lent"); /* nothing half-read stays charged */
         return;

@@ -17,6 +17,7 @@
 #include "gguf/f16.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_kernels.h"
+#include "util/read_engine.h"
 #include "plan/bundle.h"
 #include "util/clock.h"
 #include "util/compare_double.h"
@@ -310,6 +311,8 @@ void hw_profile_identify(hw_profile *h) {
     h->n_cpus = cpus > 0 ? (int)cpus : 1;
     cpu_model_name(h->cpu, sizeof h->cpu);
     snprintf(h->kernels, sizeof h->kernels, "%s", kernels_best()->name);
+    const char *engine = read_engine_probe();
+    snprintf(h->io_engine, sizeof h->io_engine, "%s", engine ? engine : "none");
 }
 
 int hw_profile_measure(hw_profile *h, const model *m, const hw_profile_opts *o, char *err, size_t errlen) {

@@ -18,7 +18,7 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 6 /* 6: the doorbell's wake-up (wake_us) */
+#define HW_PROFILE_VERSION 7 /* 6: the doorbell's wake-up (wake_us); 7: the read engine (io_engine) */
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 9 /* queue depths: 1, 2, 4, ... 256 (a disk that still speeds up past 64: bench/offload) */
 #define HW_IO_CPU_DEPTH 64 /* the depth whose reads' CPU time the profile keeps */
@@ -44,6 +44,7 @@ typedef struct {
     /* storage, on the file system holding the model */
     uint64_t fs_dev;          /* st_dev of the model file: the cache key */
     bool o_direct;            /* false when O_DIRECT was refused (then reads went through the page cache) */
+    char io_engine[16];       /* what reads here (read_engine.h): "io_uring", or "threads" where it is refused */
     double iops[HW_IO_SIZES][HW_IO_DEPTHS]; /* random aligned reads per second */
     /* CPU time of the reading thread per random read at depth HW_IO_CPU_DEPTH, microseconds, with a
      * busy thread on its core (as the io-worker beside a cpu-worker): queueing and reaping it

@@ -27,7 +27,7 @@ typedef struct {
     size_t cap;    /* TEXT: the buffer's size */
 } field;
 
-#define N_FIELDS (18 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
+#define N_FIELDS (19 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES) /* what profile_fields fills (the test \
                                                                         counts the lines) */
 
 /* f[*n], then *n + 1. A field added to profile_fields without growing
@@ -59,6 +59,7 @@ static int profile_fields(hw_profile *h, field *f) {
     DOUBLE_FIELD(axpy_rows_s, 1e13);
     *next_field(f, &n) = (field){"fs_dev", FIELD_U64, &h->fs_dev, 0, 0, 0};
     *next_field(f, &n) = (field){"o_direct", FIELD_BOOL, &h->o_direct, 0, 0, 0};
+    *next_field(f, &n) = (field){"io_engine", FIELD_TEXT, h->io_engine, 0, 0, sizeof h->io_engine};
     for (int s = 0; s < HW_IO_SIZES; s++)
         for (int d = 0; d < HW_IO_DEPTHS; d++) {
             field *x = next_field(f, &n);

@@ -1,8 +1,10 @@
 /* The hardware profile's storage figures (hw_profile_measure_io): random
  * reads of each bundle size at each queue depth, and sequential reads,
- * through io_uring with O_DIRECT on the file system that holds the model. On
- * the model file itself when it is large enough that its reads do not all
- * sit in the device's cache; else on a scratch file beside it. */
+ * through the read engine the stack's readers get (read_engine.h: io_uring,
+ * or threads where it is refused), with O_DIRECT, on the file system that
+ * holds the model. On the model file itself when it is large enough that its
+ * reads do not all sit in the device's cache; else on a scratch file beside
+ * it. */
 #include "hw_profile.h"
 
 #include <errno.h>
@@ -11,7 +13,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <limits.h>
-#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +25,14 @@
 #include "util/compare_double.h"
 #include "util/log.h"
 #include "util/mem_limit.h"
+#include "util/read_engine.h"
 #include "util/synth_rng.h"
 
 const int hw_io_size_kib[HW_IO_SIZES] = {4, 8, 12, 16, 32};
 const int hw_io_depth[HW_IO_DEPTHS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 #define IO_ALIGN 4096u /* O_DIRECT offsets, lengths and buffers */
-#define IO_MAX_DEPTH 256 /* the deepest of hw_io_depth: the ring's entries */
+#define IO_MAX_DEPTH 256 /* the deepest of hw_io_depth: the engine's depth */
 #define SEQ_READ_BYTES ((size_t)1 << 20)
 #define SEQ_DEPTH 4
 #define IO_BUFFER_BYTES ((size_t)IO_MAX_DEPTH << 15) /* IO_MAX_DEPTH reads of 32 KiB (and SEQ_DEPTH of 1 MiB) */
@@ -39,8 +41,7 @@ const int hw_io_depth[HW_IO_DEPTHS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 #define SCRATCH_MIN_BYTES ((uint64_t)16 << 20)
 
 typedef struct {
-    struct io_uring ring;
-    bool ring_ready;
+    read_engine *engine;
     int fd;
     bool direct;       /* fd has O_DIRECT */
     uint64_t span;     /* reads fall in [0, span), a multiple of SEQ_READ_BYTES */
@@ -181,12 +182,11 @@ static uint64_t next_offset(io_bench *b, enum read_pattern pattern, size_t bytes
     return synth_next(&b->rng) % slots * IO_ALIGN;
 }
 
-/* Queues a read of bytes into the buffer of `slot` (the ring has room: at
+/* Prepares a read of bytes into the buffer of `slot` (the engine has room: at
  * most IO_MAX_DEPTH reads are in flight). */
 static void queue_read(io_bench *b, enum read_pattern pattern, size_t bytes, int slot) {
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
-    io_uring_prep_read(sqe, b->fd, b->buffers + (size_t)slot * bytes, (unsigned)bytes, next_offset(b, pattern, bytes));
-    io_uring_sqe_set_data64(sqe, (uint64_t)slot);
+    read_engine_prep(b->engine, b->fd, false, b->buffers + (size_t)slot * bytes, (uint32_t)bytes,
+                     next_offset(b, pattern, bytes), -1, (uint64_t)slot);
 }
 
 static double thread_cpu_seconds(void) {
@@ -205,7 +205,7 @@ static uint64_t checked_sink; /* keeps the checksums from being optimised away *
 static double reads_per_second(io_bench *b, enum read_pattern pattern, size_t bytes, int depth, double seconds,
                                bool check, double *cpu_us, char *err, size_t errlen) {
     if (depth > IO_MAX_DEPTH || (size_t)depth * bytes > IO_BUFFER_BYTES) {
-        err_set(err, errlen, "%d reads of %zu bytes do not fit the ring and buffers", depth, bytes);
+        err_set(err, errlen, "%d reads of %zu bytes do not fit the engine and buffers", depth, bytes);
         return 0;
     }
     long reads = 0;
@@ -215,26 +215,24 @@ static double reads_per_second(io_bench *b, enum read_pattern pattern, size_t by
     double now = start;
     for (; in_flight < depth; in_flight++) queue_read(b, pattern, bytes, in_flight);
     while (in_flight > 0) {
-        const int rc = io_uring_submit_and_wait(&b->ring, 1);
+        const int rc = read_engine_submit(b->engine);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            err_set(err, errlen, "io_uring_submit: %s", strerror(-rc));
-            return 0; /* the reads in flight end with the ring */
+            err_set(err, errlen, "%s submit: %s", read_engine_name(b->engine), strerror(-rc));
+            return 0; /* the reads in flight end with the engine */
         }
+        read_engine_wait(b->engine, 1, -1);
         now = clock_seconds();
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&b->ring, head, cqe) {
-            seen++, in_flight--;
-            const int res = cqe->res;
+        uint64_t slot;
+        int32_t res;
+        while (read_engine_pop(b->engine, &slot, &res)) {
+            in_flight--;
             if (res < 0 && res != -EAGAIN && res != -EINTR) failed = failed ? failed : res;
             if (res > 0) reads++;
-            if (res > 0 && check)
-                checked_sink += bundle_sum_cold(b->buffers + io_uring_cqe_get_data64(cqe) * bytes, (size_t)res);
+            if (res > 0 && check) checked_sink += bundle_sum_cold(b->buffers + slot * bytes, (size_t)res);
             if (failed || now - start >= seconds) continue;
-            queue_read(b, pattern, bytes, (int)io_uring_cqe_get_data64(cqe));
+            queue_read(b, pattern, bytes, (int)slot);
             in_flight++;
         }
-        io_uring_cq_advance(&b->ring, seen);
     }
     if (failed || reads == 0 || now <= start) {
         err_set(err, errlen, "%zu-byte reads: %s", bytes, failed ? strerror(-failed) : "none completed");
@@ -336,12 +334,8 @@ int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_
         err_set(err, errlen, "storage: out of memory");
         goto out;
     }
-    const int ring_rc = io_uring_queue_init(IO_MAX_DEPTH, &b.ring, 0);
-    if (ring_rc < 0) {
-        err_set(err, errlen, "io_uring_queue_init(%d): %s", IO_MAX_DEPTH, strerror(-ring_rc));
-        goto out;
-    }
-    b.ring_ready = true;
+    if (!(b.engine = read_engine_open(IO_MAX_DEPTH, err, errlen))) goto out;
+    snprintf(h->io_engine, sizeof h->io_engine, "%s", read_engine_name(b.engine));
     if (open_target(&b, model_path, err, errlen)) goto out;
     if (measure_grid(h, &b, seconds_per_point, step, step_ctx, err, errlen)) {
         char why[400];
@@ -352,7 +346,7 @@ int hw_profile_measure_io(hw_profile *h, const char *model_path, double seconds_
     h->o_direct = b.direct;
     rc = 0;
 out:
-    if (b.ring_ready) io_uring_queue_exit(&b.ring); /* before the buffers: it ends any read still in flight */
+    read_engine_close(b.engine); /* before the buffers: it ends or waits for any read still in flight */
     if (b.fd >= 0) close(b.fd);
     free(b.buffers);
     return rc;

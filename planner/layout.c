@@ -72,7 +72,7 @@ uint64_t layout_stride(const layout_fixed *f, int per_bundle) {
 }
 
 /* The io-worker's CPU for a batch of bundle loads, beside each read's, in wake-ups of a sleeping thread
- * (hw_profile.wake_us): the doorbell's, about four more as the reads complete (uring_reader_reap waits
+ * (hw_profile.wake_us): the doorbell's, about four more as the reads complete (file_reader_reap waits
  * for a quarter of those in flight), and the batch's submission and slot claims. On the 7B file at 3 GiB
  * (Zen 5): 8.4 ms of io-worker CPU a token for ~1,280 reads at 3.7 us each and ~90 batches, ~41 us a
  * batch, against a 5.9 us wake-up. */

@@ -65,12 +65,14 @@ static void hw_progress(void *ctx, const char *step, double done) {
     progress_show(p, done);
 }
 
-/* a cached profile is this machine's: its CPU, CPU count and kernel set (a file system's st_dev can
- * repeat across machines sharing a home directory) */
+/* a cached profile is this machine's: its CPU, CPU count, kernel set and read engine (a file system's
+ * st_dev can repeat across machines sharing a home directory, and a container that refuses io_uring
+ * may share one with its host) */
 static bool same_machine(const hw_profile *h) {
     hw_profile now = {0};
     hw_profile_identify(&now);
-    return strcmp(now.cpu, h->cpu) == 0 && strcmp(now.kernels, h->kernels) == 0 && now.n_cpus == h->n_cpus;
+    return strcmp(now.cpu, h->cpu) == 0 && strcmp(now.kernels, h->kernels) == 0 && now.n_cpus == h->n_cpus &&
+           strcmp(now.io_engine, h->io_engine) == 0;
 }
 
 static int hardware_profile(planning *pl) {
@@ -85,8 +87,8 @@ static int hardware_profile(planning *pl) {
                      pl->hw.seconds);
             return 0;
         }
-        log_info("hardware profile %s was measured on another machine (%s, %d CPUs, %s kernels): measuring again",
-                 pl->hw_path, pl->hw.cpu, pl->hw.n_cpus, pl->hw.kernels);
+        log_info("hardware profile %s was measured on another machine (%s, %d CPUs, %s kernels, reads by %s): "
+                 "measuring again", pl->hw_path, pl->hw.cpu, pl->hw.n_cpus, pl->hw.kernels, pl->hw.io_engine);
     }
     progress p;
     progress_begin(&p, "hardware profile");

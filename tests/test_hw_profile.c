@@ -17,6 +17,7 @@
 
 #include "../planner/hw_profile.h"
 #include "kernels/kernels.h"
+#include "util/read_engine.h"
 #include "util/log.h"
 
 #include <dirent.h>
@@ -63,6 +64,9 @@ static void check_measured(const hw_profile *h, const model *m, const char *mode
     CHECK(h->version == HW_PROFILE_VERSION && h->n_cpus >= 1 && h->cpu[0], "version %d, %d cpus, cpu '%s'",
           h->version, h->n_cpus, h->cpu);
     CHECK(!strcmp(h->kernels, kernels_best()->name), "kernels %s", h->kernels);
+    const char *engine = read_engine_probe();
+    CHECK(engine && !strcmp(h->io_engine, engine), "reads by %s where this process reads by %s", h->io_engine,
+          engine ? engine : "nothing");
     CHECK(h->weight_type == m->layers[0].gate.type && h->row_len == m->n_embd, "type %u, row %d", h->weight_type,
           h->row_len);
     CHECK(positive(h->mem_gbs_one) && positive(h->mem_gbs_all), "memory %g, %g GB/s", h->mem_gbs_one, h->mem_gbs_all);
@@ -109,9 +113,10 @@ static void test_measure(const model *m, const char *model_path, hw_profile *h) 
     CHECK(hw_profile_measure(&none, m, &absent, err, sizeof err) == -1 && strstr(err, absent.model_path),
           "measure without a model file: %s", err);
     printf("measured: %s, %s, %g s, memory %.1f / %.1f GB/s, rows/s %.3g / %.3g / %.3g, 4 KiB x1 %.0f, x32 %.0f "
-           "reads/s, seq %.0f MB/s, bus %.1f us, wake %.1f us, O_DIRECT %d\n",
+           "reads/s, seq %.0f MB/s, bus %.1f us, wake %.1f us, O_DIRECT %d, reads by %s\n",
            h->cpu, h->kernels, h->seconds, h->mem_gbs_one, h->mem_gbs_all, h->dense_rows_s, h->sparse_rows_s,
-           h->axpy_rows_s, h->iops[0][0], h->iops[0][5], h->seq_mbs, h->bus_rtt_us, h->wake_us, h->o_direct);
+           h->axpy_rows_s, h->iops[0][0], h->iops[0][5], h->seq_mbs, h->bus_rtt_us, h->wake_us, h->o_direct,
+           h->io_engine);
 }
 
 /* ---- the file ---- */
@@ -121,7 +126,8 @@ static bool same_profile(const hw_profile *a, const hw_profile *b) {
            !strcmp(a->kernels, b->kernels) && a->mem_gbs_one == b->mem_gbs_one && a->mem_gbs_all == b->mem_gbs_all &&
            a->weight_type == b->weight_type && a->row_len == b->row_len && a->dense_rows_s == b->dense_rows_s &&
            a->sparse_rows_s == b->sparse_rows_s && a->axpy_rows_s == b->axpy_rows_s && a->fs_dev == b->fs_dev &&
-           a->o_direct == b->o_direct && !memcmp(a->iops, b->iops, sizeof a->iops) &&
+           a->o_direct == b->o_direct && !strcmp(a->io_engine, b->io_engine) &&
+           !memcmp(a->iops, b->iops, sizeof a->iops) &&
            !memcmp(a->io_cpu_us, b->io_cpu_us, sizeof a->io_cpu_us) &&
            !memcmp(a->checked_cpu_us, b->checked_cpu_us, sizeof a->checked_cpu_us) && a->seq_mbs == b->seq_mbs &&
            a->bus_rtt_us == b->bus_rtt_us && a->wake_us == b->wake_us && a->seconds == b->seconds;
@@ -180,9 +186,9 @@ static void test_file(const hw_profile *h) {
     const char *text = read_text(path);
     const int n_lines = line_of(text, "seconds");
     /* version cpu n_cpus kernels mem_gbs_one mem_gbs_all weight_type down_type row_len dense_rows_s
-     * sparse_rows_s axpy_rows_s fs_dev o_direct seq_mbs bus_rtt_us wake_us seconds, the IOPS grid and the CPU per
-     * read of each size, plain and checked */
-    CHECK(n_lines == 18 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES, "%d lines", n_lines);
+     * sparse_rows_s axpy_rows_s fs_dev o_direct io_engine seq_mbs bus_rtt_us wake_us seconds, the IOPS grid and
+     * the CPU per read of each size, plain and checked */
+    CHECK(n_lines == 19 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES, "%d lines", n_lines);
 
     replace_line(bad, sizeof bad, text, "mem_gbs_all", "");
     check_refused("missing", bad, (const char *[]){"mem_gbs_all", "missing"}, 2);
@@ -306,6 +312,12 @@ int main(void) {
         test_measure(&m, model_path, &h);
         test_file(&h);
         test_cache_path(&m, model_path, &h);
+        /* the storage through the threads, as where io_uring is refused: measured, and said so */
+        setenv("PI2_IO_ENGINE", "threads", 1);
+        hw_profile t;
+        test_measure(&m, model_path, &t);
+        CHECK(!strcmp(t.io_engine, "threads"), "PI2_IO_ENGINE=threads: the profile says reads by %s", t.io_engine);
+        unsetenv("PI2_IO_ENGINE");
         model_free(&m);
     } else {
         CHECK(0, "model_load: %s", err);

@@ -29,6 +29,8 @@
 #     misses, and none does under a plan that pins every bundle (the same
 #     text); with PI2_PREFETCH=0 none are,
 #     and the text is the same;
+#   - reads by threads (PI2_IO_ENGINE=threads, as where io_uring is
+#     refused): the misses are read that way and the text is the same;
 #   - `pi2 up --mem-budget` under the floor is refused with the floor named;
 #   - the plan's prompt step is the stack's when its config sets none, and a
 #     config asking for more is refused;
@@ -221,6 +223,15 @@ variant_down() {
 # PI2_PREFETCH=0: no reads before attention; the same text (the guess never decides what is computed)
 at_60_with PI2_PREFETCH=0 "without asking ahead" noahead
 cache_stats 60 "$VARIANT_RUN" noahead
+variant_down
+
+# PI2_IO_ENGINE=threads: every reader of the stack (the io-worker's weights and bundles, the npu-worker's
+# lent bundles) reads through threads, as where io_uring is refused: misses are read, the same text
+at_60_with PI2_IO_ENGINE=threads "with reads by threads" threads
+grep -q "reads in flight by threads" "$("$PI2" rundir -r "$VARIANT_RUN")/logs/io-worker.log" &&
+    sed -n 's/.*; neuron cache: [0-9.]*% hits, \([0-9.]*\) MB read per token$/\1/p' "$TMP/out-60-threads.txt.err" |
+    awk '$1 > 0 { ok = 1 } END { exit !ok }'
+check "at 60 % with PI2_IO_ENGINE=threads the io-worker reads the misses by threads" $?
 variant_down
 
 # realtime-io=off: every thread at normal priority; the same text

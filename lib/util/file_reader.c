@@ -1,9 +1,8 @@
-/* Reads of one file into memory with io_uring (uring_reader.h). */
-#include "util/uring_reader.h"
+/* Reads of one file into memory through a read engine (file_reader.h). */
+#include "util/file_reader.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <liburing.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/read_engine.h"
 
 /* O_DIRECT needs block-aligned offsets, lengths and buffers; the page size
  * covers every logical block size we may meet. */
@@ -33,10 +33,10 @@ typedef struct {
     int32_t next_free;
 } op;
 
-struct uring_reader {
-    struct io_uring ring;
+struct file_reader {
+    read_engine *engine;
     int fd[2];          /* [FILE_DIRECT] is -1 when O_DIRECT was refused */
-    bool fixed_files;   /* fd[] registered with the ring */
+    bool fixed_files;   /* fd[] registered with the engine's ring */
     bool direct;        /* still using O_DIRECT */
     bool told_unaligned;
     unsigned depth;
@@ -44,7 +44,7 @@ struct uring_reader {
     op *ops;            /* records, reused through free_op */
     size_t n_ops;
     int32_t free_op;
-    int32_t *queue;     /* circular: ops waiting for a ring entry */
+    int32_t *queue;     /* circular: ops waiting for room in the engine */
     size_t q_head, q_count, q_cap;
     size_t in_flight, live;
     uint8_t *fixed_base;   /* registered buffers: FIXED_BUFFER_MAX-byte pieces of [fixed_base, +fixed_bytes) */
@@ -55,8 +55,8 @@ struct uring_reader {
 #define FIXED_BUFFER_MAX (1ull << 30)
 #define FIXED_BUFFERS_MAX 64
 
-uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *err, size_t errlen) {
-    uring_reader *r = calloc(1, sizeof *r);
+file_reader *file_reader_open(const char *path, unsigned queue_depth, char *err, size_t errlen) {
+    file_reader *r = calloc(1, sizeof *r);
     if (!r) { snprintf(err, errlen, "out of memory"); return NULL; }
     r->depth = queue_depth;
     r->free_op = -1;
@@ -78,27 +78,20 @@ uring_reader *uring_reader_open(const char *path, unsigned queue_depth, char *er
     r->direct = r->fd[FILE_DIRECT] >= 0;
     if (!r->direct) log_info("%s: O_DIRECT refused (%s); using buffered reads", path, strerror(errno));
 
-    /* One thread submits and reaps, and every reap waits in the kernel: completions are handled then,
-     * not by interrupting the thread as they come (a reader beside a busy thread on its core, 8 KiB
-     * checked reads at depth 128, Intel Xeon: 5.2-5.8 -> 4.0-4.2 us of CPU a read). Kernels before
-     * 6.1 refuse the flags: without them. */
-    int rc = io_uring_queue_init(queue_depth, &r->ring, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
-    if (rc == -EINVAL) rc = io_uring_queue_init(queue_depth, &r->ring, 0);
-    if (rc < 0) {
-        snprintf(err, errlen, "io_uring_queue_init(%u): %s", queue_depth, strerror(-rc));
+    if (!(r->engine = read_engine_open(queue_depth, err, errlen))) {
         if (r->direct) close(r->fd[FILE_DIRECT]);
         close(r->fd[FILE_BUFFERED]);
         free(r);
         return NULL;
     }
     int files[2] = {r->direct ? r->fd[FILE_DIRECT] : r->fd[FILE_BUFFERED], r->fd[FILE_BUFFERED]};
-    rc = io_uring_register_files(&r->ring, files, 2);
+    const int rc = read_engine_register_files(r->engine, files, 2);
     r->fixed_files = rc == 0;
-    if (rc < 0) log_info("io_uring_register_files: %s; using plain descriptors", strerror(-rc));
+    if (rc < 0 && rc != -EOPNOTSUPP) log_info("io_uring_register_files: %s; using plain descriptors", strerror(-rc));
     return r;
 }
 
-int uring_reader_register_buffer(uring_reader *r, void *base, uint64_t bytes) {
+int file_reader_register_buffer(file_reader *r, void *base, uint64_t bytes) {
     struct iovec iov[FIXED_BUFFERS_MAX];
     unsigned n = 0;
     for (uint64_t at = 0; at < bytes; at += FIXED_BUFFER_MAX, n++) {
@@ -107,16 +100,16 @@ int uring_reader_register_buffer(uring_reader *r, void *base, uint64_t bytes) {
         iov[n] = (struct iovec){(uint8_t *)base + at, (size_t)len};
     }
     if (!n || r->fixed_base) return -EINVAL;
-    int rc = io_uring_register_buffers(&r->ring, iov, n);
+    int rc = read_engine_register_buffers(r->engine, iov, n);
     if (rc < 0) return rc;
     r->fixed_base = base;
     r->fixed_bytes = bytes;
     return 0;
 }
 
-void uring_reader_close(uring_reader *r) {
+void file_reader_close(file_reader *r) {
     if (!r) return;
-    io_uring_queue_exit(&r->ring);
+    read_engine_close(r->engine);
     free(r->ops);
     free(r->queue);
     if (r->fd[FILE_DIRECT] >= 0) close(r->fd[FILE_DIRECT]);
@@ -124,11 +117,13 @@ void uring_reader_close(uring_reader *r) {
     free(r);
 }
 
-uint64_t uring_reader_file_size(const uring_reader *r) { return r->file_size; }
+uint64_t file_reader_file_size(const file_reader *r) { return r->file_size; }
 
-size_t uring_reader_busy(const uring_reader *r) { return r->live; }
+const char *file_reader_engine(const file_reader *r) { return read_engine_name(r->engine); }
 
-static int enqueue(uring_reader *r, int32_t i) {
+size_t file_reader_busy(const file_reader *r) { return r->live; }
+
+static int enqueue(file_reader *r, int32_t i) {
     if (r->q_count == r->q_cap) { /* grow, unwrapping the circle */
         size_t cap = r->q_cap ? 2 * r->q_cap : 64;
         int32_t *q = malloc(cap * sizeof *q);
@@ -144,7 +139,7 @@ static int enqueue(uring_reader *r, int32_t i) {
     return 0;
 }
 
-static int32_t new_op(uring_reader *r) {
+static int32_t new_op(file_reader *r) {
     if (r->free_op < 0) {
         size_t n = r->n_ops ? 2 * r->n_ops : 64;
         if (n > INT32_MAX) return -1;
@@ -160,21 +155,21 @@ static int32_t new_op(uring_reader *r) {
     return i;
 }
 
-static void release_op(uring_reader *r, int32_t i) {
+static void release_op(file_reader *r, int32_t i) {
     r->ops[i].next_free = r->free_op;
     r->free_op = i;
     r->live--;
 }
 
 /* Hands the job back; its record is free first, so done may queue more. */
-static void finish(uring_reader *r, int32_t i, int32_t result) {
+static void finish(file_reader *r, int32_t i, int32_t result) {
     op o = r->ops[i];
     release_op(r, i);
     o.job->result = result;
     o.done(o.ctx, o.job);
 }
 
-int uring_reader_queue(uring_reader *r, io_job *job, io_done_fn done, void *ctx) {
+int file_reader_queue(file_reader *r, io_job *job, io_done_fn done, void *ctx) {
     const int32_t i = new_op(r);
     if (i < 0) return -ENOMEM;
     r->ops[i] = (op){job, done, ctx, 0, 0, -1};
@@ -195,17 +190,15 @@ static bool aligned(uint64_t off, uint64_t len, const void *dest) {
 }
 
 /* The registered piece that holds [dest, dest + len) whole (no pages pinned per read), or -1. */
-static int fixed_piece(const uring_reader *r, const uint8_t *dest, uint32_t len) {
+static int fixed_piece(const file_reader *r, const uint8_t *dest, uint32_t len) {
     if (!r->fixed_base || (uintptr_t)dest < (uintptr_t)r->fixed_base) return -1;
     const uint64_t at = (uint64_t)((uintptr_t)dest - (uintptr_t)r->fixed_base);
     if (at + len > r->fixed_bytes || at / FIXED_BUFFER_MAX != (at + len - 1) / FIXED_BUFFER_MAX) return -1;
     return (int)(at / FIXED_BUFFER_MAX);
 }
 
-/* Prepares the rest of op i's read; false if the ring has no free entry. */
-static bool prep_read(uring_reader *r, int32_t i) {
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-    if (!sqe) return false;
+/* Prepares the rest of op i's read; false if the engine has no room. */
+static bool prep_read(file_reader *r, int32_t i) {
     const op *o = &r->ops[i];
     uint64_t off = o->job->file_offset + o->bytes;
     uint32_t len = o->job->length - o->bytes;
@@ -221,17 +214,13 @@ static bool prep_read(uring_reader *r, int32_t i) {
         }
     }
     const int fd = r->fixed_files ? which : r->fd[which];
-    const int piece = fixed_piece(r, dest, len);
-    if (piece >= 0) io_uring_prep_read_fixed(sqe, fd, dest, len, off, piece);
-    else io_uring_prep_read(sqe, fd, dest, len, off);
-    if (r->fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
-    /* The low bit remembers whether O_DIRECT was used, to fall back on EINVAL. */
-    io_uring_sqe_set_data64(sqe, ((uint64_t)i << 1) | (which == FILE_DIRECT));
-    return true;
+    /* The tag's low bit remembers whether O_DIRECT was used, to fall back on EINVAL. */
+    return read_engine_prep(r->engine, fd, r->fixed_files, dest, len, off, fixed_piece(r, dest, len),
+                            ((uint64_t)i << 1) | (which == FILE_DIRECT));
 }
 
 /* Accounts one completion of op i: finished, or queued again for the rest. */
-static bool complete(uring_reader *r, int32_t i, bool was_direct, int res) {
+static bool complete(file_reader *r, int32_t i, bool was_direct, int res) {
     op *o = &r->ops[i];
     bool again = false;
     if (res > 0) {
@@ -249,7 +238,7 @@ static bool complete(uring_reader *r, int32_t i, bool was_direct, int res) {
     return true;
 }
 
-static void fill_ring(uring_reader *r) {
+static void fill_engine(file_reader *r) {
     bool any = false;
     while (r->q_count && r->in_flight < r->depth && prep_read(r, r->queue[r->q_head])) {
         r->q_head = (r->q_head + 1) % r->q_cap;
@@ -258,28 +247,23 @@ static void fill_ring(uring_reader *r) {
         any = true;
     }
     if (!any) return;
-    const int rc = io_uring_submit(&r->ring);
+    const int rc = read_engine_submit(r->engine);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-        log_error("io_uring_submit: %s", strerror(-rc)); /* the prepared entries stay queued in the ring */
+        log_error("%s submit: %s", read_engine_name(r->engine), strerror(-rc)); /* the prepared reads stay prepared */
 }
 
-int uring_reader_reap(uring_reader *r, int wait_ms) {
-    fill_ring(r);
-    struct io_uring_cqe *cqe;
-    if (wait_ms > 0 && r->in_flight) {
-        struct __kernel_timespec wait = {.tv_sec = wait_ms / 1000, .tv_nsec = (wait_ms % 1000) * 1000000LL};
-        const unsigned want = r->in_flight / 4 ? (unsigned)(r->in_flight / 4) : 1;
-        io_uring_wait_cqes(&r->ring, &cqe, want, &wait, NULL); /* -ETIME or -EINTR: fewer completed */
-    }
+int file_reader_reap(file_reader *r, int wait_ms) {
+    fill_engine(r);
+    if (wait_ms > 0 && r->in_flight)
+        read_engine_wait(r->engine, r->in_flight / 4 ? (unsigned)(r->in_flight / 4) : 1, wait_ms);
     int finished = 0;
-    while (io_uring_peek_cqe(&r->ring, &cqe) == 0) {
-        const uint64_t tag = io_uring_cqe_get_data64(cqe);
-        const int res = cqe->res;
-        io_uring_cqe_seen(&r->ring, cqe);
+    uint64_t tag;
+    int32_t res;
+    while (read_engine_pop(r->engine, &tag, &res)) {
         r->in_flight--;
         finished += complete(r, (int32_t)(tag >> 1), tag & 1, res);
     }
-    fill_ring(r);
+    fill_engine(r);
     return finished;
 }
 
@@ -288,16 +272,16 @@ static void count_down(void *ctx, io_job *job) {
     (*(size_t *)ctx)--;
 }
 
-void uring_reader_run(uring_reader *r, io_job *jobs, size_t n, void (*idle)(void *), void *ctx) {
+void file_reader_run(file_reader *r, io_job *jobs, size_t n, void (*idle)(void *), void *ctx) {
     size_t left = n;
     for (size_t i = 0; i < n; i++)
-        if (uring_reader_queue(r, &jobs[i], count_down, &left)) {
+        if (file_reader_queue(r, &jobs[i], count_down, &left)) {
             jobs[i].result = -ENOMEM;
             left--;
         }
     int64_t last_idle = clock_ms();
     while (left > 0) {
-        uring_reader_reap(r, 100);
+        file_reader_reap(r, 100);
         const int64_t now = clock_ms();
         if (idle && now - last_idle >= 100) {
             idle(ctx);
