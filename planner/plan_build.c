@@ -245,6 +245,22 @@ static uint64_t floor_of(planning *pl) {
     return least;
 }
 
+/* A bound under every layout's floor that needs no profile: the preloaded weights and processes, and
+ * either the prefill's staging (a cache of any size beside it) or every neuron resident. */
+static uint64_t least_budget_before_profiles(const planning *pl, const layout_fixed **least) {
+    const uint64_t every_neuron = (uint64_t)pl->m.n_layer * (uint64_t)pl->m.n_ff * pl->prefill_fixed[0].neuron_bytes;
+    uint64_t lowest = UINT64_MAX;
+    for (int p = 0; p < pl->n_prefill; p++) {
+        const layout_fixed *f = &pl->prefill_fixed[p];
+        const uint64_t b = f->preload + f->process + (f->staging < every_neuron ? f->staging : every_neuron);
+        if (b < lowest) {
+            lowest = b;
+            *least = f;
+        }
+    }
+    return lowest;
+}
+
 /* the least budget that keeps every bundle resident, over the bundle sizes */
 static uint64_t all_resident_budget(const planning *pl) {
     uint64_t least = UINT64_MAX;
@@ -533,6 +549,18 @@ static int plan_steps(planning *pl) {
         pl->prefill_in[p] = pl->in;
         if (!pl->conf.max_prefill_set) pl->prefill_in[p].max_prefill = prefill_choice[p];
         layout_fixed_of(&pl->prefill_in[p], &pl->prefill_fixed[p]);
+    }
+    if (o->budget) {
+        /* refused before the profiles, which take minutes on a large model */
+        const layout_fixed *least = NULL;
+        const uint64_t lowest = least_budget_before_profiles(pl, &least);
+        if (o->budget < lowest) {
+            log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging "
+                      "%.0f, before the cache the model profile sizes); %.2f GB was given",
+                      lowest / 1e9, lowest / 1048576.0, least->preload / 1048576.0, least->process / 1048576.0,
+                      least->staging / 1048576.0, o->budget / 1e9);
+            return -1;
+        }
     }
     if (read_prompts(pl) || hardware_profile(pl) || model_profile_step(pl)) return -1;
     const bundle_order_kind order = bundle_order_for(&pl->m, o->order);

@@ -85,6 +85,7 @@ st=$?
 [ $st -eq 1 ] && grep -q "this model needs at least .* GB .*; 0.05 GB was given" "$TMP/low.err"
 check "a budget under the floor is refused with the floor named" $?
 [ ! -e "$TMP/low/plan.pb" ]; check "no plan is written under the floor" $?
+[ ! -e "$TMP/low/model-profile.gguf" ]; check "... and no profile is run for it (refused before the model profile)" $?
 
 # calibration tokens: -n past what the prompts give is named, the default is not
 "${PLAN[@]}" -m "$TMP/m.pwri" --mem-budget 150M -n 100000 -o "$TMP/many" >/dev/null 2>"$TMP/many.err"
