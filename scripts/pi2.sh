@@ -272,11 +272,21 @@ supervisor_pid() {
     fi
 }
 
+# Whether process PID runs program PATH: natively, or through a binfmt_misc interpreter (qemu-user
+# running another architecture's build), whose /proc/PID/exe is the interpreter and PATH its first argument.
+runs_program() {
+    local exe argv=()
+    exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+    [ "$exe" = "$2" ] && return 0
+    mapfile -d '' -t argv <"/proc/$1/cmdline" 2>/dev/null
+    [ "${argv[1]:-}" = "$2" ]
+}
+
 # The pid in RD/<name>.pid if that process is still the program we started.
 proc_pid() {
     local name=$1 p
     p=$(read_pid "$RD/$name.pid")
-    if pid_alive "$p" && [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$BIN_DIR/${name%%.*}" ]; then
+    if pid_alive "$p" && runs_program "$p" "$BIN_DIR/${name%%.*}"; then
         echo "$p"
     else
         echo 0

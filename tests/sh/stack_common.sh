@@ -3,8 +3,8 @@
 # the repository root: run bookkeeping, checks, and the teardown that leaves no
 # process, segment or run directory behind. The caller sets RUN_BASE (a prefix
 # unique to it). Sets BIN ($BUILD/bin, absolute), PI2 and REF; defines check
-# and skip (tests/sh/checks.sh), require_programs, new_run, no_leftovers, dump_logs, restarted, up, and the
-# configs below.
+# and skip (tests/sh/checks.sh), require_programs, emulated, new_run, no_leftovers, dump_logs, restarted, up,
+# and the configs below.
 BUILD=${BUILD:-build}
 BIN=$(cd "$BUILD/bin" 2>/dev/null && pwd) || BIN=$PWD/$BUILD/bin
 PI2=$BIN/pi2
@@ -24,6 +24,15 @@ require_programs() { # require_programs NAME...: each is built in $BIN, else the
             exit 1
         fi
     done
+}
+
+# Whether the build's programs run under an emulator (another architecture's build, started through a
+# binfmt_misc rule for qemu-user: make test-arm64): a process's memory then holds the emulator's too, and its
+# speed is not the program's.
+emulated() {
+    local machine
+    machine=$(od -An -tx2 -j18 -N2 "$BIN/cachemgr" 2>/dev/null | tr -d ' ') # the ELF header's e_machine
+    case "$(uname -m):$machine" in x86_64:003e | aarch64:00b7) return 1 ;; *) return 0 ;; esac
 }
 
 new_run() { # new_run VAR: a run id unique to this test process
