@@ -118,10 +118,13 @@ static const char *shown_state(const proc_row *r, bool alive, int64_t age_ms) {
     return state_name(st);
 }
 
-static void print_process(const proc_row *r, int64_t now_ms) {
+static void print_process(const proc_row *r) {
     pid_t pid = atomic_load(&r->pid);
     bool alive = pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
-    int64_t age = now_ms - atomic_load(&r->heartbeat_ms);
+    /* the clock read after the beat: a beat landing between one clock reading for the table and its
+     * row showed as -1 ms */
+    const int64_t beat = atomic_load(&r->heartbeat_ms);
+    int64_t age = clock_ms() - beat;
     char cpus[256] = "-", rss[32] = "-";
     if (alive) {
         affinity_list(pid, cpus, sizeof cpus);
@@ -220,9 +223,8 @@ static int cmd_status(const char *runid) {
            (unsigned long long)atomic_load(&ctl->epoch));
     printf("%-16s %8s %-9s %10s %10s %8s %10s  %s\n", "process", "pid", "state", "beat_ms", "tokens", "restarts",
            "rss_MiB", "cpus");
-    int64_t now = clock_ms();
     for (int i = 0; i < STACK_MAX_PROCS; i++)
-        if (ctl->procs[i].name[0]) print_process(&ctl->procs[i], now);
+        if (ctl->procs[i].name[0]) print_process(&ctl->procs[i]);
     char split[STACK_MAX_CPU_WORKERS * 32 + 32];
     if (!work_balance_describe(ctl, split, sizeof split)) printf("%s\n", split);
     if (ctl->plan_path[0]) {
