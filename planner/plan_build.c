@@ -555,10 +555,12 @@ static int plan_steps(planning *pl) {
         const layout_fixed *least = NULL;
         const uint64_t lowest = least_budget_before_profiles(pl, &least);
         if (o->budget < lowest) {
-            log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging "
-                      "%.0f, before the cache the model profile sizes); %.2f GB was given",
+            const uint64_t rest = lowest - least->preload - least->process;
+            log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, %s %.0f, "
+                      "before the cache the model profile sizes); %.2f GB was given",
                       lowest / 1e9, lowest / 1048576.0, least->preload / 1048576.0, least->process / 1048576.0,
-                      least->staging / 1048576.0, o->budget / 1e9);
+                      rest == least->staging ? "prefill staging" : "every neuron resident", rest / 1048576.0,
+                      o->budget / 1e9);
             return -1;
         }
     }
