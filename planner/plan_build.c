@@ -261,6 +261,16 @@ static uint64_t least_budget_before_profiles(const planning *pl, const layout_fi
     return lowest;
 }
 
+/* The refusal of a budget under `needed`: its preloaded weights and processes (f), then `part` of
+ * part_bytes, then what comes beside them (`beside`). */
+static void log_needs(uint64_t needed, const layout_fixed *f, const char *part, uint64_t part_bytes,
+                      const char *beside, uint64_t given) {
+    log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, %s %.0f, %s); %.2f GB "
+              "was given",
+              needed / 1e9, needed / 1048576.0, f->preload / 1048576.0, f->process / 1048576.0, part,
+              part_bytes / 1048576.0, beside, given / 1e9);
+}
+
 /* the least budget that keeps every bundle resident, over the bundle sizes */
 static uint64_t all_resident_budget(const planning *pl) {
     uint64_t least = UINT64_MAX;
@@ -556,11 +566,8 @@ static int plan_steps(planning *pl) {
         const uint64_t lowest = least_budget_before_profiles(pl, &least);
         if (o->budget < lowest) {
             const uint64_t rest = lowest - least->preload - least->process;
-            log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, %s %.0f, "
-                      "before the cache the model profile sizes); %.2f GB was given",
-                      lowest / 1e9, lowest / 1048576.0, least->preload / 1048576.0, least->process / 1048576.0,
-                      rest == least->staging ? "prefill staging" : "every neuron resident", rest / 1048576.0,
-                      o->budget / 1e9);
+            log_needs(lowest, least, rest == least->staging ? "prefill staging" : "every neuron resident", rest,
+                      "before the cache the model profile sizes", o->budget);
             return -1;
         }
     }
@@ -595,10 +602,7 @@ static int plan_steps(planning *pl) {
     layout lay;
     if (best_layout(pl, budget, &lay, true)) {
         const layout_fixed *least = &pl->prefill_fixed[pl->n_prefill - 1];
-        log_error("this model needs at least %.2f GB (%.0f MiB: preloaded %.0f, processes %.0f, prefill staging %.0f, "
-                  "a minimal cache); %.2f GB was given",
-                  floor / 1e9, floor / 1048576.0, least->preload / 1048576.0, least->process / 1048576.0,
-                  least->staging / 1048576.0, budget / 1e9);
+        log_needs(floor, least, "prefill staging", least->staging, "a minimal cache", budget);
         return -1;
     }
     char bundle_path[1024];
