@@ -222,9 +222,13 @@ bad_up "--predictor built for another model" "$P_OTHER.*(another|other) model" "
 # PI2_CHUNK_DELAY makes cpu-worker.1 sleep after each batch of its own chunks,
 # so cpu-worker.0 runs out first and takes the rest from cpu-worker.1's queue
 # (the PWRI file's rows are shared). Who computed a chunk must not change a bit.
+# The sleep must outweigh a batch's compute for the split to see it: under
+# qemu a batch computes some ten times slower, and 300 us left the split even.
+delay=300
+emulated && delay=3000
 new_run R
-PI2_CHUNK_DELAY=1:300 up "$R" "$TMP/two.conf" "$M_PWRI"
-check "pwri slow-worker stack: pi2 up with PI2_CHUNK_DELAY=1:300" $?
+PI2_CHUNK_DELAY=1:$delay up "$R" "$TMP/two.conf" "$M_PWRI"
+check "pwri slow-worker stack: pi2 up with PI2_CHUNK_DELAY=1:$delay" $?
 for mode in predictor gate-first dense; do
     gen "$TMP/got" "$R" "$PROMPT" $N --temp 0 --ffn $mode
     same "pwri slow worker: pi2 run --ffn $mode == pi2-ref --ffn $mode" "$TMP/want.pwri.$mode" "$TMP/got" "$R"
