@@ -45,6 +45,8 @@ struct ffn_offload {
     uint64_t ring_bytes;         /* the ring's bytes counted into stats so far */
     uint64_t seq, batch_id;      /* the last batch sent */
     bool sent_in_ring;           /* how the last batch went */
+    uint32_t bus_unanswered;     /* batches sent over the bus whose answers have not come: while none, the
+                                  * socket is not looked at (a look is two system calls) */
     uint64_t awaited;            /* the batch whose answer the FFN step waits for */
     bool awaited_in_ring;
     uint64_t ahead_batch;        /* the batch asked for ahead of this layer, while unanswered; else 0 */
@@ -428,7 +430,9 @@ static int send_load(ffn_offload *o, int l, uint32_t *bundles, int n) {
     uint8_t *bytes = msg_pack_alloc(&env, &len);
     int rc = bytes ? bus_send(o->sock, PI2_BUS_MSG, bytes, len) : BUS_ERR;
     free(bytes);
-    return rc == BUS_OK ? 0 : -1;
+    if (rc != BUS_OK) return -1;
+    o->bus_unanswered++;
+    return 0;
 }
 
 /* Whether the io-worker looks alive: its row beats, under the pid it had when the batch went out. */
@@ -457,6 +461,7 @@ static int take_reply(ffn_offload *o, const struct bus_msg *bm, char *err, size_
         log_warn("dropped a message from the io-worker: %s", why);
     } else if (env->body_case == PI2__ENVELOPE__BODY_BUNDLE_LOADED) {
         const Pi2__BundleLoaded *r = env->bundle_loaded;
+        if (o->bus_unanswered) o->bus_unanswered--;
         o->stats.bytes_read += r->bytes;
         const bool ahead = r->batch_id == o->ahead_batch;
         if (ahead) o->ahead_batch = 0;
@@ -469,6 +474,7 @@ static int take_reply(ffn_offload *o, const struct bus_msg *bm, char *err, size_
             }
         }
     } else if (env->body_case == PI2__ENVELOPE__BODY_ERROR) {
+        if (o->bus_unanswered) o->bus_unanswered--;
         snprintf(err, errlen, "the io-worker refused a BundleLoad: %s", env->error->message);
         rc = -1;
     }
@@ -486,7 +492,7 @@ static void drain_replies(ffn_offload *o) {
     }
     struct bus_msg bm;
     char err[512];
-    while (bus_recv(o->sock, &bm, 0) == BUS_OK)
+    while (o->bus_unanswered && bus_recv(o->sock, &bm, 0) == BUS_OK)
         if (take_reply(o, &bm, err, sizeof err) == -1) log_warn("an io-worker reply nobody waited for: %s", err);
 }
 
@@ -511,7 +517,8 @@ static int await_load(ffn_offload *o, job *j, int32_t *waiting, int *n_waiting, 
             if (out) return out > 0 || o->awaited == o->ahead_batch ? 0 : -1;
         }
         struct bus_msg bm; /* in the ring's case only answers to batches that went over the bus */
-        const int rc = bus_recv(o->sock, &bm, o->awaited_in_ring ? 0 : *n_waiting ? POLL_MS : 100);
+        const int rc = o->awaited_in_ring && !o->bus_unanswered ? BUS_TIMEOUT
+                       : bus_recv(o->sock, &bm, o->awaited_in_ring ? 0 : *n_waiting ? POLL_MS : 100);
         if (rc == BUS_OK) {
             const int done = take_reply(o, &bm, err, errlen);
             if (done != REPLY_OTHER) return done;

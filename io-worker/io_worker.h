@@ -56,6 +56,7 @@ typedef struct {
     int64_t next_offload_try_ms; /* a plan the io-worker has not opened yet: when to try again */
     int bell_fd;               /* the doorbell the cpu-workers ring after queueing loads in their rings; -1 */
     uint32_t ring_ids[BUNDLE_RING_WORDS]; /* one batch taken from a ring */
+    uint64_t bus_looked_us;    /* when the socket was last looked at while reads were in flight */
 } io_worker;
 
 /* One attempt to (re)attach the weights segment; 0 or -1 (reason logged at debug level). */

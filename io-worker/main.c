@@ -125,24 +125,36 @@ static int sleep_on_socket(io_worker *w) {
     return rc == BUS_ERR ? -1 : 0;
 }
 
+/* While reads are in flight, how often the socket is looked at: a look is two
+ * system calls (ZeroMQ's poll and its fork check), each a TLB flush on a guest
+ * with page-table isolation, and the cpu-workers' loads come through their
+ * rings; the socket carries only what did not fit there and the cachemgr's
+ * loads. */
+#define BUS_LOOK_BUSY_US 500
+
 /* Serves until SIGTERM; returns the exit status. Bundle loads are
  * asynchronous: while reads are in flight the loop waits on the ring (a
- * millisecond at most) and looks at the socket and the cpu-workers' rings
- * between waits. */
+ * millisecond at most) and looks at the cpu-workers' rings between waits,
+ * at the socket every BUS_LOOK_BUSY_US. */
 static int serve(io_worker *w) {
     w->state = PROC_READY;
     while (!proc_stop) {
         iow_beat(w);
         if (w->fatal) return 1;
         iow_take_rings(w);
-        if (w->budgeted && bundle_loader_busy(&w->loader) > 0) {
+        const bool busy = w->budgeted && bundle_loader_busy(&w->loader) > 0;
+        if (busy) {
             bundle_loader_poll(&w->loader, 1);
         } else if (sleep_on_socket(w)) {
             return 1;
         }
         iow_take_rings(w);
-        if (serve_messages(w)) return 1;
-        peer_limit_report(&w->drops, "messages from", clock_ms());
+        const uint64_t now = clock_us();
+        if (!busy || now - w->bus_looked_us >= BUS_LOOK_BUSY_US) {
+            w->bus_looked_us = now;
+            if (serve_messages(w)) return 1;
+            peer_limit_report(&w->drops, "messages from", clock_ms());
+        }
         w->state = w->budgeted && bundle_loader_busy(&w->loader) > 0 ? PROC_BUSY : PROC_READY;
     }
     log_info("stopping");

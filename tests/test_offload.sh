@@ -159,6 +159,24 @@ plan_model() {
     return $rc
 }
 
+# The npu-worker reads the lent bundles back after a prompt's last step, while decode already runs (it
+# reads them as misses until then), so a short generation can end first: wait for the read-back, or for
+# the fill to give up (it logs why), for as long as the npu-worker beats.
+npu_log() { echo "$("$PI2" rundir -r "$1")/logs/npu-worker.log"; }
+read_backs() { grep -c "lent bundles read back" "$(npu_log "$1")"; } # read_backs RUN
+wait_read_back() { # wait_read_back RUN COUNT: until RUN's npu-worker has read the lent bundles back more than COUNT times
+    local run=$1 before=$2 n
+    while :; do
+        n=$(read_backs "$run")
+        [ -n "$n" ] || return 1
+        [ "$n" -gt "$before" ] && return 0
+        grep -q "lent bundles: .*decode reads" "$(npu_log "$run")" && return 1
+        "$PI2" status -r "$run" 2>/dev/null | awk '$1 == "npu-worker" && !seen++ { ok = $3 != "dead" && $4 < 2000 } END { exit !ok }' ||
+            return 1
+        sleep 0.1
+    done
+}
+
 budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
     local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg=""
     plan_model "$TMP/plan-$pct" "${mib}M" >/dev/null 2>"$TMP/plan-$pct.err"
@@ -177,7 +195,7 @@ budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that 
     check "at $pct % of the file the text equals the unbudgeted run's" $?
     cache_stats "$pct" "$run"
     if [ "$pct" != 100 ]; then
-        grep -q "lent bundles read back" "$("$PI2" rundir -r "$run")/logs/npu-worker.log"
+        wait_read_back "$run" 0
         check "at $pct %: after the prompt the npu-worker reads the lent bundles into its prompt memory" $?
     elif [ "$(id -u)" = 0 ]; then
         check_priorities "$run" 1
@@ -305,12 +323,12 @@ variant_down
 # faults, on the 50 % stack (the most misses)
 R50=$LAST_RUN
 # a prompt of several steps: the lent bundles are taken back before each and read back once, after the last
-npu_log_count() { grep -c "$1" "$("$PI2" rundir -r "$R50")/logs/npu-worker.log"; }
-reads0=$(npu_log_count "lent bundles read back") steps0=$(npu_log_count "prefilled")
+reads0=$(read_backs "$R50") steps0=$(grep -c "prefilled" "$(npu_log "$R50")")
 in_cg "$LAST_CG" "$PI2" run -r "$R50" -p "$LONG" -n 8 --seed 1 >"$TMP/long-50.txt" 2>"$TMP/long-50.err"
 cmp -s "$TMP/ref-long.txt" "$TMP/long-50.txt"
 check "at 50 % a prompt of several steps gives the unbudgeted text" $?
-reads=$(($(npu_log_count "lent bundles read back") - reads0)) steps=$(($(npu_log_count "prefilled") - steps0))
+wait_read_back "$R50" "$reads0"
+reads=$(($(read_backs "$R50") - reads0)) steps=$(($(grep -c "prefilled" "$(npu_log "$R50")") - steps0))
 [ "$reads" = 1 ] && [ "$steps" -ge 2 ]
 check "... the lent bundles read back once, after its last step ($reads read backs, $steps steps)" $?
 # each process that takes part in a budgeted decode, killed -9 while misses are in flight (decode runs
