@@ -161,7 +161,8 @@ plan_model() {
 
 # The npu-worker reads the lent bundles back after a prompt's last step, while decode already runs (it
 # reads them as misses until then), so a short generation can end first: wait for the read-back, or for
-# the fill to give up (it logs why), for as long as the npu-worker beats.
+# the fill to give up (it logs why), for as long as pi2 status shows the npu-worker alive (not dead, not
+# stalled: its beats are recent).
 npu_log() { echo "$("$PI2" rundir -r "$1")/logs/npu-worker.log"; }
 read_backs() { grep -c "lent bundles read back" "$(npu_log "$1")"; } # read_backs RUN
 wait_read_back() { # wait_read_back RUN COUNT: until RUN's npu-worker has read the lent bundles back more than COUNT times
@@ -171,7 +172,7 @@ wait_read_back() { # wait_read_back RUN COUNT: until RUN's npu-worker has read t
         [ -n "$n" ] || return 1
         [ "$n" -gt "$before" ] && return 0
         grep -q "lent bundles: .*decode reads" "$(npu_log "$run")" && return 1
-        "$PI2" status -r "$run" 2>/dev/null | awk '$1 == "npu-worker" && !seen++ { ok = $3 != "dead" && $4 < 2000 } END { exit !ok }' ||
+        "$PI2" status -r "$run" 2>/dev/null | awk '$1 == "npu-worker" && !seen++ { ok = $3 == "ready" || $3 == "busy" } END { exit !ok }' ||
             return 1
         sleep 0.1
     done
