@@ -2,7 +2,8 @@
  * For each ISA and weight type it dots every row of a matrix with one
  * activation vector and reports GB/s of weight bytes streamed, once for a
  * matrix that fits in L2 (compute bound) and once for one far larger than
- * the caches (memory bound). Then the same for the predictor gemv
+ * the caches (memory bound), and the gemvs from memory against the read
+ * timed in turns (the share of the read a gemv keeps). Then the same for the predictor gemv
  * (pred_gemv.h, F16 and Q8_0 rows) on the predictors' two shapes, and decode attention's K . q
  * scores read head by head against position by position. Last, the
  * machine's int8 multiply-add peak (mac_peak.h) on one thread and on every
@@ -523,6 +524,44 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
     }
 }
 
+#define SHARE_ROUNDS 9
+
+/* One thread's gemv from memory as a share of one thread's read of the same
+ * buffer, the two timed in turns (read, gemv, read, gemv ...) and the median
+ * round's ratio kept: the host's memory rate moves within seconds, so a read
+ * timed at start-up against a gemv timed a minute later compares two
+ * different machines (the same Zen 5 gave 66 % and 78 % that way). */
+static void bench_gemv_share(const kernels *const *isas, int n_isas, uint8_t *w, size_t bytes, const block_q8_0 *x8,
+                             int n) {
+    printf("\ngemv against the read, one thread, from memory, timed in turns (%d rounds)\n", SHARE_ROUNDS);
+    printf("%-9s %-12s %12s %12s %14s\n", "type", "isa", "read GB/s", "gemv GB/s", "of read");
+    for (int q4 = 1; q4 >= 0; q4--) {
+        const int kind = q4 ? KIND_Q4_0_GEMV : KIND_Q8_0_GEMV;
+        const kernels *sets[2 * MAX_SETS];
+        const int n_sets = sets_to_time(isas, n_isas, q4, sets);
+        const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+        const size_t rows = bytes / row_bytes;
+        if (rows == 0) return;
+        fill_weights(kind, w, rows * row_bytes, row_bytes, n);
+        for (int i = 0; i < n_sets; i++) {
+            if (!sets[i] || sets[i] == kernels_scalar() || (!q4 && !sets[i]->gemv_q8_0)) continue;
+            double read[SHARE_ROUNDS], gemv[SHARE_ROUNDS], share[SHARE_ROUNDS];
+            for (int r = 0; r < SHARE_ROUNDS; r++) {
+                read[r] = mem_read_rate(w, rows * row_bytes, NULL, 0) / 1e9;
+                gemv[r] = measure(sets[i], kind, w, rows, row_bytes, NULL, NULL, x8, n, 0);
+                share[r] = gemv[r] / read[r];
+            }
+            qsort(read, SHARE_ROUNDS, sizeof *read, compare_double);
+            qsort(gemv, SHARE_ROUNDS, sizeof *gemv, compare_double);
+            qsort(share, SHARE_ROUNDS, sizeof *share, compare_double);
+            printf("%-9s %-12s %12.2f %12.2f %5.0f%% (%.0f-%.0f)\n", q4 ? "q4_0" : "q8_0", set_label(sets[i]),
+                   read[SHARE_ROUNDS / 2], gemv[SHARE_ROUNDS / 2], 100 * share[SHARE_ROUNDS / 2], 100 * share[0],
+                   100 * share[SHARE_ROUNDS - 1]);
+            fflush(stdout);
+        }
+    }
+}
+
 static void usage(FILE *out, const char *prog) {
     fprintf(out,
             "usage: %s [-n COLS] [-c KIB] [-m MIB] [-s SECONDS] [-k SETS] [-b]\n"
@@ -641,6 +680,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
+    bench_gemv_share(isas, n_isas, w, big_bytes, x8, n);
     if (pool) bench_gemv_threads(isas, n_isas, w, big_bytes, x8, n, pool, all_gbs, min_seconds);
     bench_pred_gemv(w, big_bytes, (size_t)cache_kib << 10, min_seconds);
     bench_bundle_sum(isas, n_isas, w, big_bytes, (size_t)cache_kib << 10, min_seconds);
