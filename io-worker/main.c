@@ -101,12 +101,13 @@ static int serve_messages(io_worker *w) {
     return 0;
 }
 
-/* Sleeps until a message, the doorbell or 100 ms. io_sleeping is set before
- * the rings are looked at a last time, and a worker reads it after queueing:
- * either this sees the batch or the worker rings (both sequentially
- * consistent). */
-static int sleep_on_socket(io_worker *w) {
+/* Sleeps until a message, the doorbell or 100 ms; *look: whether the socket
+ * may hold a message now. io_sleeping is set before the rings are looked at
+ * a last time, and a worker reads it after queueing: either this sees the
+ * batch or the worker rings (both sequentially consistent). */
+static int sleep_on_socket(io_worker *w, bool *look) {
     const bool rings = w->budgeted && w->ctl;
+    *look = false;
     if (rings) {
         atomic_store(&w->ctl->io_sleeping, 1);
         if (iow_rings_pending(w)) {
@@ -114,14 +115,14 @@ static int sleep_on_socket(io_worker *w) {
             return 0;
         }
     }
-    bus_socket *socks[1] = {w->sock};
-    uint32_t ready;
-    const int rc = bus_poll_fd(socks, 1, rings ? w->bell_fd : -1, 100, &ready);
+    uint32_t ready = 0;
+    const int rc = bus_sleep_fd(w->sock, rings ? w->bell_fd : -1, 100, &ready);
     if (rings) {
         atomic_store(&w->ctl->io_sleeping, 0);
-        if (w->bell_fd >= 0) doorbell_drain(w->bell_fd);
+        if (ready & 2) doorbell_drain(w->bell_fd);
     }
     if (rc == BUS_ERR) log_error("poll: %s", bus_last_error());
+    *look = ready & 1;
     return rc == BUS_ERR ? -1 : 0;
 }
 
@@ -135,9 +136,11 @@ static int sleep_on_socket(io_worker *w) {
 /* Serves until SIGTERM; returns the exit status. Bundle loads are
  * asynchronous: while reads are in flight the loop waits on the ring (a
  * millisecond at most) and looks at the cpu-workers' rings between waits,
- * at the socket every BUS_LOOK_BUSY_US. */
+ * at the socket every BUS_LOOK_BUSY_US; idle, it looks at the socket when
+ * its sleep says a message may have come. */
 static int serve(io_worker *w) {
     w->state = PROC_READY;
+    bool look = true;
     while (!proc_stop) {
         iow_beat(w);
         if (w->fatal) return 1;
@@ -145,16 +148,16 @@ static int serve(io_worker *w) {
         const bool busy = w->budgeted && bundle_loader_busy(&w->loader) > 0;
         if (busy) {
             bundle_loader_poll(&w->loader, 1);
-        } else if (sleep_on_socket(w)) {
+        } else if (sleep_on_socket(w, &look)) {
             return 1;
         }
         iow_take_rings(w);
         const uint64_t now = clock_us();
-        if (!busy || now - w->bus_looked_us >= BUS_LOOK_BUSY_US) {
+        if (busy ? now - w->bus_looked_us >= BUS_LOOK_BUSY_US : look) {
             w->bus_looked_us = now;
             if (serve_messages(w)) return 1;
-            peer_limit_report(&w->drops, "messages from", clock_ms());
         }
+        peer_limit_report(&w->drops, "messages from", clock_ms());
         w->state = w->budgeted && bundle_loader_busy(&w->loader) > 0 ? PROC_BUSY : PROC_READY;
     }
     log_info("stopping");

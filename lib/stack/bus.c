@@ -5,6 +5,7 @@
 #include "util/realtime.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +25,10 @@ struct bus_socket {
     enum bus_pattern pattern;
     struct bus_opts opts;
     zmq_msg_t payload; /* the last payload received; bus_msg.data points into it */
+    /* The last call on zs was a receive that found nothing: libzmq has taken
+     * every command queued for the socket, so its ZMQ_FD turns readable when
+     * the next message comes (any other call may take that signal first). */
+    bool drained;
     /* The ipc socket file we bound, removed on close (libzmq leaves it). */
     char ipc_path[BUS_ENDPOINT_MAX];
     dev_t ipc_dev;
@@ -307,6 +312,7 @@ static int send_tagged(bus_socket *s, bool first, uint32_t type, const void *dat
 }
 
 int bus_send(bus_socket *s, uint32_t type, const void *data, size_t len) {
+    s->drained = false;
     if (s->pattern != BUS_DEALER && s->pattern != BUS_PUSH) {
         set_err("bus_send: needs a DEALER or PUSH socket");
         return BUS_ERR;
@@ -319,6 +325,7 @@ int bus_send(bus_socket *s, uint32_t type, const void *data, size_t len) {
  * identity frame that meets it, so nothing of the message is queued. */
 static int send_to(bus_socket *s, int first_flags, const void *peer, size_t peer_len, uint32_t type, const void *data,
                    size_t len) {
+    s->drained = false;
     if (s->pattern != BUS_ROUTER) {
         set_err("bus_send_to: needs a ROUTER socket");
         return BUS_ERR;
@@ -374,7 +381,10 @@ static int recv_first(bus_socket *s, void *buf, size_t cap, int timeout_ms, int 
             return BUS_OK;
         }
         if (errno != EAGAIN) return status_from_errno(errno, "recv");
-        if (timeout_ms == 0) return BUS_TIMEOUT;
+        if (timeout_ms == 0) {
+            s->drained = true;
+            return BUS_TIMEOUT;
+        }
         int wait = -1;
         if (timeout_ms > 0) {
             int64_t left = deadline - clock_ms();
@@ -393,6 +403,7 @@ int bus_recv(bus_socket *s, struct bus_msg *m, int timeout_ms) {
         set_err("bus_recv: a PUSH socket cannot receive");
         return BUS_ERR;
     }
+    s->drained = false;
     m->data = NULL;
     m->len = 0;
     m->peer_len = 0;
@@ -434,7 +445,10 @@ int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_
         return BUS_ERR;
     }
     zmq_pollitem_t items[BUS_POLL_MAX + 1];
-    for (int i = 0; i < n; i++) items[i] = (zmq_pollitem_t){.socket = socks[i]->zs, .events = ZMQ_POLLIN};
+    for (int i = 0; i < n; i++) {
+        items[i] = (zmq_pollitem_t){.socket = socks[i]->zs, .events = ZMQ_POLLIN};
+        socks[i]->drained = false;
+    }
     const int n_items = fd >= 0 ? n + 1 : n;
     if (fd >= 0) items[n] = (zmq_pollitem_t){.fd = fd, .events = ZMQ_POLLIN};
     int rc = zmq_poll(items, n_items, timeout_ms);
@@ -442,6 +456,19 @@ int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_
     *ready = 0;
     for (int i = 0; i < n_items; i++)
         if (items[i].revents & ZMQ_POLLIN) *ready |= 1u << i;
+    return rc;
+}
+
+int bus_sleep_fd(bus_socket *s, int fd, int timeout_ms, uint32_t *ready) {
+    int zfd;
+    size_t len = sizeof zfd;
+    if (!s->drained || zmq_getsockopt(s->zs, ZMQ_FD, &zfd, &len)) return bus_poll_fd(&s, 1, fd, timeout_ms, ready);
+    /* one system call, where zmq_poll makes four or five (a first look, the socket's events before and after
+     * the wait, each with libzmq's fork check) */
+    struct pollfd p[2] = {{.fd = zfd, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
+    const int rc = poll(p, fd >= 0 ? 2 : 1, timeout_ms);
+    if (rc < 0) return status_from_errno(errno, "poll");
+    *ready = (p[0].revents & POLLIN ? 1u : 0u) | (fd >= 0 && p[1].revents & POLLIN ? 2u : 0u);
     return rc;
 }
 

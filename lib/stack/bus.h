@@ -107,6 +107,11 @@ int bus_poll(bus_socket *const *socks, int n, int timeout_ms, uint32_t *ready);
 /* bus_poll with a plain descriptor beside the sockets (fd < 0: none): bit n of
  * *ready when it is readable. */
 int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_t *ready);
+/* bus_poll_fd for one socket, for a loop that sleeps often: right after a
+ * bus_recv found nothing it waits in one plain poll on the socket's ZMQ_FD,
+ * and then bit 0 of *ready may be set with no message waiting (look with
+ * bus_recv(.., 0)); otherwise it is bus_poll_fd. */
+int bus_sleep_fd(bus_socket *s, int fd, int timeout_ms, uint32_t *ready);
 
 /* Heartbeats: a worker sends one every period; the receiver counts any
  * message as a sign of life and declares a peer dead after dead_after_ms. */

@@ -238,7 +238,8 @@ static bool complete(file_reader *r, int32_t i, bool was_direct, int res) {
     return true;
 }
 
-static void fill_engine(file_reader *r) {
+/* Prepares what is queued, as far as the engine has room: whether anything was. */
+static bool prep_queued(file_reader *r) {
     bool any = false;
     while (r->q_count && r->in_flight < r->depth && prep_read(r, r->queue[r->q_head])) {
         r->q_head = (r->q_head + 1) % r->q_cap;
@@ -246,16 +247,25 @@ static void fill_engine(file_reader *r) {
         r->in_flight++;
         any = true;
     }
-    if (!any) return;
-    const int rc = read_engine_submit(r->engine);
+    return any;
+}
+
+static void check_submit(const file_reader *r, int rc) {
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
         log_error("%s submit: %s", read_engine_name(r->engine), strerror(-rc)); /* the prepared reads stay prepared */
 }
 
+static void fill_engine(file_reader *r) {
+    if (prep_queued(r)) check_submit(r, read_engine_submit(r->engine));
+}
+
 int file_reader_reap(file_reader *r, int wait_ms) {
-    fill_engine(r);
-    if (wait_ms > 0 && r->in_flight)
-        read_engine_wait(r->engine, r->in_flight / 4 ? (unsigned)(r->in_flight / 4) : 1, wait_ms);
+    const bool any = prep_queued(r);
+    if (wait_ms > 0 && r->in_flight) /* the new reads handed over and the wait: one system call */
+        check_submit(r, read_engine_submit_wait(r->engine, r->in_flight / 4 ? (unsigned)(r->in_flight / 4) : 1,
+                                                wait_ms));
+    else if (any)
+        check_submit(r, read_engine_submit(r->engine));
     int finished = 0;
     uint64_t tag;
     int32_t res;

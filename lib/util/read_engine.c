@@ -134,6 +134,19 @@ void read_engine_wait(read_engine *e, unsigned want, int timeout_ms) {
     io_uring_wait_cqes(&e->ring, &cqe, want, &wait, NULL); /* -ETIME or -EINTR: fewer finished */
 }
 
+int read_engine_submit_wait(read_engine *e, unsigned want, int timeout_ms) {
+    if (e->threads || !want || !timeout_ms) {
+        const int rc = read_engine_submit(e);
+        read_engine_wait(e, want, timeout_ms);
+        return rc;
+    }
+    if (timeout_ms < 0) return io_uring_submit_and_wait(&e->ring, want);
+    struct io_uring_cqe *cqe;
+    struct __kernel_timespec wait = {.tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000LL};
+    const int rc = io_uring_submit_and_wait_timeout(&e->ring, &cqe, want, &wait, NULL);
+    return rc == -ETIME ? 0 : rc; /* fewer finished in time: the wait's own outcome, as read_engine_wait's */
+}
+
 bool read_engine_pop(read_engine *e, uint64_t *tag, int32_t *result) {
     if (e->threads) {
         if (!read_threads_pop(e->threads, tag, result)) return false;

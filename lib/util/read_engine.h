@@ -57,6 +57,8 @@ int read_engine_submit(read_engine *e);
 /* Waits until at least want reads have finished and not been popped, or timeout_ms passes (< 0: no
  * limit; 0: no wait). A wait cut short by a signal returns early: callers wait in loops. */
 void read_engine_wait(read_engine *e, unsigned want, int timeout_ms);
+/* read_engine_submit, then read_engine_wait, in one system call on a ring; returns what the submit would. */
+int read_engine_submit_wait(read_engine *e, unsigned want, int timeout_ms);
 /* One finished read: true with its tag and result (bytes read, or -errno); false when none has. */
 bool read_engine_pop(read_engine *e, uint64_t *tag, int32_t *result);
 
