@@ -487,6 +487,11 @@ static void gemv_share(void *ctx, int ith, int nth) {
     matvec_rows(j->k, &j->w, &j->in, gemv_out, r0, r1);
 }
 
+/* bytes of a row of n weights in Q4_0 (q4) or Q8_0 */
+static size_t gemv_row_bytes(bool q4, int n) {
+    return (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+}
+
 static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *w, size_t bytes, const block_q8_0 *x8,
                                int n, threadpool *pool, double all_gbs, double min_seconds) {
     printf("\ngemv on %d threads at once, groups of %d rows split between them, from memory\n", pool_size(pool),
@@ -495,7 +500,7 @@ static void bench_gemv_threads(const kernels *const *isas, int n_isas, uint8_t *
     for (int q4 = 1; q4 >= 0; q4--) {
         const kernels *sets[2 * MAX_SETS];
         const int n_sets = sets_to_time(isas, n_isas, q4, sets);
-        const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+        const size_t row_bytes = gemv_row_bytes(q4, n);
         const size_t rows = bytes / row_bytes / GEMV_GROUP_ROWS * GEMV_GROUP_ROWS;
         if (rows == 0) return;
         fill_weights(q4 ? KIND_Q4_0 : KIND_Q8_0, w, rows * row_bytes, row_bytes, n);
@@ -539,8 +544,7 @@ static void bench_gemv_share(const kernels *const *isas, int n_isas, uint8_t *w,
         const int kind = q4 ? KIND_Q4_0_GEMV : KIND_Q8_0_GEMV;
         const kernels *sets[2 * MAX_SETS];
         const int n_sets = sets_to_time(isas, n_isas, q4, sets);
-        const size_t row_bytes = (size_t)n / QK8_0 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
-        const size_t rows = bytes / row_bytes;
+        const size_t row_bytes = gemv_row_bytes(q4, n), rows = bytes / row_bytes;
         if (rows == 0) return;
         fill_weights(kind, w, rows * row_bytes, row_bytes, n);
         for (int i = 0; i < n_sets; i++) {

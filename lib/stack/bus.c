@@ -29,6 +29,7 @@ struct bus_socket {
      * every command queued for the socket, so its ZMQ_FD turns readable when
      * the next message comes (any other call may take that signal first). */
     bool drained;
+    int signal_fd; /* its ZMQ_FD (fixed for the socket's life); -1 if libzmq gave none */
     /* The ipc socket file we bound, removed on close (libzmq leaves it). */
     char ipc_path[BUS_ENDPOINT_MAX];
     dev_t ipc_dev;
@@ -229,6 +230,8 @@ static bus_socket *socket_new(bus_ctx *ctx, enum bus_pattern pattern, const stru
             goto fail;
         }
     }
+    size_t fd_len = sizeof s->signal_fd;
+    if (zmq_getsockopt(s->zs, ZMQ_FD, &s->signal_fd, &fd_len)) s->signal_fd = -1; /* bus_sleep_fd: zmq_poll then */
     return s;
 fail:
     bus_close(s);
@@ -460,12 +463,10 @@ int bus_poll_fd(bus_socket *const *socks, int n, int fd, int timeout_ms, uint32_
 }
 
 int bus_sleep_fd(bus_socket *s, int fd, int timeout_ms, uint32_t *ready) {
-    int zfd;
-    size_t len = sizeof zfd;
-    if (!s->drained || zmq_getsockopt(s->zs, ZMQ_FD, &zfd, &len)) return bus_poll_fd(&s, 1, fd, timeout_ms, ready);
+    if (!s->drained || s->signal_fd < 0) return bus_poll_fd(&s, 1, fd, timeout_ms, ready);
     /* one system call, where zmq_poll makes four or five (a first look, the socket's events before and after
      * the wait, each with libzmq's fork check) */
-    struct pollfd p[2] = {{.fd = zfd, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = s->signal_fd, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
     const int rc = poll(p, fd >= 0 ? 2 : 1, timeout_ms);
     if (rc < 0) return status_from_errno(errno, "poll");
     *ready = (p[0].revents & POLLIN ? 1u : 0u) | (fd >= 0 && p[1].revents & POLLIN ? 2u : 0u);
