@@ -77,10 +77,14 @@ static void check_measured(const hw_profile *h, const model *m, const char *mode
     int bad_iops = 0, slower_deep = 0;
     for (int s = 0; s < HW_IO_SIZES; s++) {
         for (int d = 0; d < HW_IO_DEPTHS; d++) bad_iops += !positive(h->iops[s][d]);
-        slower_deep += h->iops[s][5] < 0.5 * h->iops[s][0]; /* depth 32 against depth 1 */
+        /* depth 32 and deeper at their best against depth 1: one point can be a moment the shared disk
+         * stalled (CI once saw one size's depth-32 point under half its depth-1 one) */
+        double deep = 0;
+        for (int d = 5; d < HW_IO_DEPTHS; d++) deep = fmax(deep, h->iops[s][d]);
+        slower_deep += deep < 0.5 * h->iops[s][0];
     }
     CHECK(bad_iops == 0, "%d iops figures not positive", bad_iops);
-    CHECK(slower_deep == 0, "%d sizes where depth 32 reads at under half the rate of depth 1", slower_deep);
+    CHECK(slower_deep == 0, "%d sizes where depths 32 and more read at under half the rate of depth 1", slower_deep);
     /* small reads are not slower than large ones, each size at its best depth: one depth's figure can be
      * a moment the shared disk stalled (4 KiB at depth 1 once read 3009/s against 32 KiB's 12017) */
     double best4 = 0, best32 = 0;
