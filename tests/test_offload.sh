@@ -158,6 +158,8 @@ plan_model() {
     [ -n "$PROFILE" ] || [ ! -s "$1/model-profile.gguf" ] || PROFILE=$1/model-profile.gguf
     return $rc
 }
+# plan_errors ERR_FILE: what a failed pi2 plan said, for the log (its file goes with TMP)
+plan_errors() { grep -E "ERROR|WARN" "$1" | tail -n 5 >&2; }
 
 # The npu-worker reads the lent bundles back after a prompt's last step, while decode already runs (it
 # reads them as misses until then), so a short generation can end first: wait for the read-back, or for
@@ -179,9 +181,11 @@ wait_read_back() { # wait_read_back RUN COUNT: until RUN's npu-worker has read t
 }
 
 budgeted() { # budgeted PCT: plan at PCT % of the file, run it in a cap of that size
-    local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg=""
+    local pct=$1 mib=$((SIZE * $1 / 100 / 1048576)) run cg="" rc
     plan_model "$TMP/plan-$pct" "${mib}M" >/dev/null 2>"$TMP/plan-$pct.err"
-    check "pi2 plan at $pct % of the file (${mib} MiB)" $?
+    rc=$?
+    ((rc == 0)) || plan_errors "$TMP/plan-$pct.err"
+    check "pi2 plan at $pct % of the file (${mib} MiB)" $rc
     new_run run
     local cmd=("$PI2" up -r "$run" -c "$TMP/off.conf" -m "$MODEL" --plan "$TMP/plan-$pct")
     if ((can_cap)); then
@@ -459,8 +463,7 @@ gmib=$(($(stat -c %s "$GG") * 80 / 100 / 1048576))
 "$PI2" plan --hw-point-seconds 0.01 -n 64 --ctx 128 -c "$TMP/off.conf" -m "$GG" --mem-budget "${gmib}M" \
     -o "$TMP/plan-gg" >/dev/null 2>"$TMP/plan-gg.err"
 rc=$?
-# what the planner said, when it refused or failed (a run under ASan once did, and the file went with TMP)
-((rc == 0)) || grep -E "ERROR|WARN" "$TMP/plan-gg.err" | tail -n 5 >&2
+((rc == 0)) || plan_errors "$TMP/plan-gg.err"
 check "pi2 plan of the GGUF file at 80 % (${gmib} MiB, gate-first)" $rc
 new_run RG2
 cg=""
