@@ -119,9 +119,11 @@ void cost_predict(const cost_inputs *in, const hw_profile *hw, const cost_layout
         const double dense_l = (dense_s + (guessed ? guess_s : 0)) / in->n_layer;
         /* what arrives computes as it lands: the missed share of the FFN comes after the reads */
         const double after_reads = io_l + ffn_s * (need > 0 ? miss / need : 0);
-        const double layer_compute = dense_l + ffn_s + io_cpu_l;
+        /* summed as layer_s sums it, so that reads hidden behind compute expose exactly 0, never a
+         * rounding's negative (the plan file refuses one) */
+        const double ffn_work = ffn_s + io_cpu_l, layer_compute = dense_l + ffn_work;
         const double layer_s = ahead ? fmax(layer_compute, after_reads) + (1 - exp(-unasked)) * round_trip_s
-                                     : dense_l + fmax(ffn_s + io_cpu_l, after_reads);
+                                     : dense_l + fmax(ffn_work, after_reads);
         compute_s += layer_compute;
         total_s += layer_s;
         io_s += io_l;

@@ -18,7 +18,7 @@
 
 #include "engine/model.h"
 
-#define HW_PROFILE_VERSION 7 /* 6: the doorbell's wake-up (wake_us); 7: the read engine (io_engine) */
+#define HW_PROFILE_VERSION 8 /* 6: wake_us; 7: io_engine; 8: the I/O grid timed in turns */
 #define HW_IO_SIZES 5  /* read sizes: 4, 8, 12, 16, 32 KiB */
 #define HW_IO_DEPTHS 9 /* queue depths: 1, 2, 4, ... 256 (a disk that still speeds up past 64: bench/offload) */
 #define HW_IO_CPU_DEPTH 64 /* the depth whose reads' CPU time the profile keeps */
@@ -96,22 +96,25 @@ int hw_profile_read(hw_profile *h, FILE *f, const char *path, char *err, size_t 
 
 /* Random reads per second of `bytes` at queue depth `depth`, interpolated
  * between the measured sizes and depths: the time per read linear in bytes,
- * the reads per second linear in log(depth). Exact at the grid's points;
- * clamped outside it, except that reads above 32 KiB take 32 KiB reads' time
- * times bytes / 32 KiB. */
+ * the reads per second linear in log(depth). A size is credited with the
+ * best rate of the sizes from it up (a read can be done as a larger one), so
+ * a smaller read is never priced slower than a larger. Otherwise exact at the
+ * grid's points; clamped outside it, except that reads above 32 KiB take
+ * 32 KiB reads' time times bytes / 32 KiB. */
 double hw_io_iops(const hw_profile *h, size_t bytes, int depth);
 
 /* CPU microseconds of the reading thread per random read of `bytes`
  * (checked against its checksum when verify), linear in bytes between the
- * measured sizes, clamped below the smallest and proportional above the
- * largest. */
+ * measured sizes (each the least measured from it up, as hw_io_iops),
+ * clamped below the smallest and proportional above the largest. */
 double hw_io_cpu_us(const hw_profile *h, size_t bytes, bool verify);
 
 /* The storage part of hw_profile_measure (hw_profile_io.c): fills o_direct,
  * iops, io_cpu_us, checked_cpu_us and seq_mbs, calling step(ctx, name) before each of its
  * HW_IO_POINTS points. 0, or -1 with err set. */
 /* scratch file or probe, the grid, each size's reads plain and checked beside a busy thread, sequential */
-#define HW_IO_POINTS (1 + HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES + 1)
+#define HW_IO_GRID_ROUNDS 3 /* the grid's sizes timed in turns this many times, each point its median */
+#define HW_IO_POINTS (1 + HW_IO_GRID_ROUNDS * HW_IO_SIZES * HW_IO_DEPTHS + 2 * HW_IO_SIZES + 1)
 #define MEMORY_KERNEL_POINTS 5 /* bandwidth on one thread and on all, three kernels */
 #define BUS_POINTS 1
 typedef void (*hw_step_fn)(void *ctx, const char *step);

@@ -20,13 +20,16 @@
  *  - on a disk whose IOPS grows with the reads in flight, a layer's batch
  *    runs at the IOPS of as many as it holds, up to the io-worker's depth;
  *  - layout_make's cold share: the least when pinning more is predicted
- *    faster, the 10 % when every share predicts alike. */
+ *    faster, the 10 % when every share predicts alike;
+ *  - reads hidden behind compute expose no I/O time, never a rounding's
+ *    negative (the plan file refuses a negative figure), whatever the rates. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../planner/cost_model.h"
 #include "../planner/layout.h"
+#include "rng.h"
 #include "test.h"
 
 #define N_LAYER 2
@@ -170,6 +173,28 @@ static void test_packed_hot(void) {
     free(o.p_desc);
 }
 
+/* Odd rates, a disk fast enough that every layer's reads hide behind its compute: the exposed I/O is
+ * 0 or more in every mode, as plan_file.c's check of the prediction wants (the FFN and the io-worker's
+ * CPU summed in another order than the layer's once made it -1e-19 and the plan unreadable). */
+static void test_hidden_reads_expose_nothing(void) {
+    rng_seed(20);
+    const ffn_mode modes[3] = {FFN_PREDICTOR, FFN_GATE_FIRST, FFN_DENSE};
+    int negative = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        hw_profile hw = machine(1e9 * (1.5 + rng_uniform()));
+        hw.dense_rows_s = 3e5 * (1.5 + rng_uniform()), hw.sparse_rows_s = 2e5 * (1.5 + rng_uniform());
+        hw.axpy_rows_s = 4e5 * (1.5 + rng_uniform());
+        cost_inputs in = inputs(modes[trial % 3], 1e5 * (1.5 + rng_uniform()), 0, 0);
+        const cost_layout lay = {.hot_bundles = none_hot, .queue_depth = 64, .threads = 1 + trial % 2,
+                                 .io_cpu_us = 3 * (1.5 + rng_uniform()), .io_batch_us = 7 * (1.5 + rng_uniform())};
+        cost_prediction p;
+        cost_predict(&in, &hw, &lay, &p);
+        if (!(p.exposed_io_ms >= 0 && isfinite(p.tok_s) && p.hit_rate >= 0 && p.hit_rate <= 1)) negative++;
+    }
+    CHECK(negative == 0, "%d of 3000 predictions with reads hidden have exposed I/O below 0 or a figure out of range",
+          negative);
+}
+
 int main(void) {
     const hw_profile slow_disk = machine(1e4), free_disk = machine(1e12);
 
@@ -253,5 +278,6 @@ int main(void) {
     CHECK(near(us, 2 * 206.0), "one read in flight at a time: %.6f us, want 412", us);
     test_cold_share();
     test_packed_hot();
+    test_hidden_reads_expose_nothing();
     return test_summary();
 }

@@ -7,7 +7,8 @@
  *    out-of-range value, another version, an empty and a truncated file,
  *    each naming the file and the key, and leaves the profile untouched;
  *  - hw_io_iops: exact at the grid's points, in between between them, clamped
- *    outside, larger reads scaled from 32 KiB;
+ *    outside, larger reads scaled from 32 KiB; a smaller read never priced
+ *    slower (rate or CPU) than a larger one measured in a slow spell;
  *  - the cache path under XDG_CACHE_HOME, whose directory save creates.
  * The planner's files belong to a program, not to libpi2: the test compiles them in. */
 #include <stdlib.h>
@@ -301,9 +302,37 @@ static void test_interpolation(void) {
     CHECK(near(hw_io_cpu_us(&h, 64 << 10, false), 10), "64 KiB: %g", hw_io_cpu_us(&h, 64 << 10, false));
 }
 
+/* a smaller read measured slower than a larger one (a slow spell) is priced as the larger: never slower */
+static void test_smaller_never_slower(void) {
+    hw_profile h = {0};
+    for (int s = 0; s < HW_IO_SIZES; s++)
+        for (int d = 0; d < HW_IO_DEPTHS; d++) h.iops[s][d] = 1000.0 * (d + 1) / (s + 1);
+    for (int s = 0; s < HW_IO_SIZES; s++) h.io_cpu_us[s] = h.checked_cpu_us[s] = 1 + s;
+    h.iops[1][3] = h.iops[3][3] / 2; /* 8 KiB at depth 8 caught at half the 16 KiB rate */
+    h.io_cpu_us[1] = 100;            /* and its CPU per read in a spike */
+    CHECK(hw_io_iops(&h, 8 << 10, 8) == h.iops[2][3], "8 KiB at 8: %g, want 12 KiB's %g", hw_io_iops(&h, 8 << 10, 8),
+          h.iops[2][3]);
+    CHECK(hw_io_iops(&h, 4 << 10, 8) == h.iops[0][3], "4 KiB keeps its own: %g", hw_io_iops(&h, 4 << 10, 8));
+    CHECK(hw_io_iops(&h, 8 << 10, 16) == h.iops[1][4], "another depth keeps its own: %g",
+          hw_io_iops(&h, 8 << 10, 16));
+    const double k6 = hw_io_iops(&h, 6 << 10, 8);
+    CHECK(near(k6, 1 / (0.5 / h.iops[0][3] + 0.5 / h.iops[2][3])), "6 KiB between 4 and the credited 8: %g", k6);
+    int slower = 0;
+    for (int d = 0; d < HW_IO_DEPTHS; d++)
+        for (int kib = 4; kib < 32; kib++)
+            slower += hw_io_iops(&h, (size_t)kib << 10, hw_io_depth[d]) <
+                      hw_io_iops(&h, (size_t)(kib + 1) << 10, hw_io_depth[d]);
+    CHECK(slower == 0, "%d sizes priced slower than the next KiB up", slower);
+    CHECK(hw_io_cpu_us(&h, 8 << 10, false) == 3 && hw_io_cpu_us(&h, 8 << 10, true) == 2,
+          "8 KiB's CPU: %g (12 KiB's 3), checked %g (its own 2)", hw_io_cpu_us(&h, 8 << 10, false),
+          hw_io_cpu_us(&h, 8 << 10, true));
+    CHECK(hw_io_cpu_us(&h, 4 << 10, false) == 1, "4 KiB's CPU: %g", hw_io_cpu_us(&h, 4 << 10, false));
+}
+
 int main(void) {
     log_init("test_hw_profile");
     test_interpolation();
+    test_smaller_never_slower();
     if (!mkdtemp(dir)) {
         CHECK(0, "mkdtemp");
         return test_summary();
