@@ -226,8 +226,8 @@ static bool complete(file_reader *r, int32_t i, bool was_direct, int res) {
     if (res > 0) {
         o->bytes += (uint32_t)res;
         again = o->bytes < o->job->length; /* short read: the rest */
-    } else if (res == -EINVAL && was_direct && r->direct) {
-        log_info("O_DIRECT read refused (%s); using buffered reads from now on", strerror(-res));
+    } else if (res == -EINVAL && was_direct) { /* also a read in flight when an earlier one was refused */
+        if (r->direct) log_info("O_DIRECT read refused (%s); using buffered reads from now on", strerror(-res));
         r->direct = false;
         again = true;
     } else if (res == -EINTR || res == -EAGAIN) {
