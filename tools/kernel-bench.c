@@ -83,20 +83,20 @@ static float *gemv_out; /* one float per row of the largest matrix */
 #define MAX_SETS 8 /* kernel sets one run times */
 
 /* The sets a kernel is timed in: those asked for, and for the Q4_0 gemv
- * (q4_gemv) avx512's other vendor's tuning beside avx512 (kernels.h), so one
+ * (q4_gemv) avx512 with the other prefetch beside avx512 (kernels.h), so one
  * run shows which prefetch suits this CPU. out: 2 * MAX_SETS. Returns how many. */
 static int sets_to_time(const kernels *const *isas, int n_isas, bool q4_gemv, const kernels **out) {
     int n = 0;
     for (int i = 0; i < n_isas; i++) {
         out[n++] = isas[i];
-        if (q4_gemv && isas[i] && isas[i] == kernels_avx512()) out[n++] = kernels_avx512_other_vendor();
+        if (q4_gemv && isas[i] && isas[i] == kernels_avx512()) out[n++] = kernels_avx512_other_prefetch();
     }
     return n;
 }
 
-/* a set's name in the tables; avx512 as tuned for the other vendor is "avx512-alt" */
+/* a set's name in the tables; avx512 with the other prefetch is "avx512-alt" */
 static const char *set_label(const kernels *k) {
-    return k == kernels_avx512_other_vendor() ? "avx512-alt" : k->name;
+    return k == kernels_avx512_other_prefetch() ? "avx512-alt" : k->name;
 }
 
 /* one pass: every row dotted with the activation converted for its type */

@@ -25,7 +25,7 @@
 extern const kernels kernels_scalar_impl;
 extern const kernels kernels_avx2_impl;
 extern const kernels kernels_avx512_impl;
-extern const kernels kernels_avx512_amd_impl;
+extern const kernels kernels_avx512_stream_impl;
 extern const kernels kernels_avx512_exact_impl;
 extern const kernels kernels_neon_impl;
 extern const kernels kernels_neon_sdot_impl;
@@ -54,17 +54,26 @@ static int cpu_runs_avx512(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* The dense Q4_0 gemv prefetches the next pass as one stream into L1 on AMD,
- * each row's next row into L2 elsewhere: each as measured on its vendor's
- * CPU (kernels_fast_avx512.c). The same bits. */
-static const kernels *avx512_for_vendor(bool own_vendor) {
-    __builtin_cpu_init();
-    const bool amd = __builtin_cpu_is("amd");
-    return amd == own_vendor ? &kernels_avx512_amd_impl : &kernels_avx512_impl;
+/* CPUID.1:EAX's family, with the extended family added as the SDM and AMD's APM say */
+static unsigned cpu_family(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned base = (a >> 8) & 0xf;
+    return base == 0xf ? base + ((a >> 20) & 0xff) : base;
 }
 
-const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? avx512_for_vendor(true) : NULL; }
-const kernels *kernels_avx512_other_vendor(void) { return cpu_runs_avx512() ? avx512_for_vendor(false) : NULL; }
+/* The dense Q4_0 gemv prefetches the next pass as one stream into L1 on AMD
+ * Zen 5 and later (family 0x1a), each row's next row into L2 elsewhere: each
+ * as measured (kernels_fast_avx512.c); Zen 4 (family 0x19, AVX-512 on 256-bit
+ * units) measured as Intel does. The same bits either way. */
+static const kernels *avx512_for_cpu(bool own) {
+    __builtin_cpu_init();
+    const bool stream = __builtin_cpu_is("amd") && cpu_family() >= 0x1a;
+    return stream == own ? &kernels_avx512_stream_impl : &kernels_avx512_impl;
+}
+
+const kernels *kernels_avx512(void) { return cpu_runs_avx512() ? avx512_for_cpu(true) : NULL; }
+const kernels *kernels_avx512_other_prefetch(void) { return cpu_runs_avx512() ? avx512_for_cpu(false) : NULL; }
 const kernels *kernels_avx512_exact(void) { return cpu_runs_avx512() ? &kernels_avx512_exact_impl : NULL; }
 
 /* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and Linux's leave to
@@ -97,7 +106,7 @@ const kernels *kernels_amx(void) {
 #else
 const kernels *kernels_avx2(void) { return NULL; }
 const kernels *kernels_avx512(void) { return NULL; }
-const kernels *kernels_avx512_other_vendor(void) { return NULL; }
+const kernels *kernels_avx512_other_prefetch(void) { return NULL; }
 const kernels *kernels_avx512_exact(void) { return NULL; }
 const kernels *kernels_amx(void) { return NULL; }
 #endif

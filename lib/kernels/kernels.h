@@ -109,10 +109,10 @@ const kernels *kernels_best(void);        /* chosen once; honours PI2_KERNELS */
 const kernels *kernels_scalar(void);
 const kernels *kernels_avx2(void);        /* NULL if this CPU lacks AVX2+FMA+F16C */
 const kernels *kernels_avx512(void);      /* NULL if this CPU lacks AVX-512F/BW/VL/DQ/VNNI */
-/* avx512 as tuned for the other CPU vendor (its dense Q4_0 gemv prefetches
- * each row's next row into L2 where AMD's take the next pass as one stream
- * into L1, or the reverse): the same bits, for the tests and kernel-bench */
-const kernels *kernels_avx512_other_vendor(void);
+/* avx512 with the other prefetch of the dense Q4_0 gemv (each row's next row
+ * into L2 where Zen 5 takes the next pass as one stream into L1, or the
+ * reverse): the same bits, for the tests and kernel-bench */
+const kernels *kernels_avx512_other_prefetch(void);
 const kernels *kernels_avx512_exact(void); /* likewise */
 /* AArch64 (NULL elsewhere): NEON kernels that give the scalar set's bits
  * exactly, in every family (kernels_neon.c says which stay scalar); the

@@ -235,7 +235,7 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
     .pred_gemv_f16 = pred_gemv_f16_avx512,      \
     .lanesum64 = lanesum64_avx512
 
-/* the default order; gemv_q4_0 as tuned on Intel or on AMD (kernels.c picks by vendor) */
+/* the default order; gemv_q4_0 prefetching into L2 or as one stream into L1 (kernels.c picks by CPU) */
 #define FAST_AVX512_KERNELS(gemv_q4)                                                 \
     .name = "avx512", SHARED_AVX512_KERNELS, .dot_q8_0 = dot_q8_0_fast_avx512,      \
     .dot_q4_0 = dot_q4_0_fast_avx512, .gemv_q4_0 = gemv_q4, .gemv_q8_0 = gemv_q8_0_fast_avx512, \
@@ -244,7 +244,7 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n) {
     .pred_gemv_q8_0 = pred_gemv_q8_0_avx512
 
 const kernels kernels_avx512_impl = {FAST_AVX512_KERNELS(gemv_q4_0_fast_avx512)};
-const kernels kernels_avx512_amd_impl = {FAST_AVX512_KERNELS(gemv_q4_0_fast_amd_avx512)};
+const kernels kernels_avx512_stream_impl = {FAST_AVX512_KERNELS(gemv_q4_0_fast_stream_avx512)};
 
 const kernels kernels_avx512_exact_impl = {
     .name = "avx512-exact",

@@ -106,9 +106,9 @@ void silu_mul_avx512(float *h, const float *g, const float *u, int n);
 float dot_q8_0_fast_avx512(const block_q8_0 *w, const block_q8_0 *x, int n);
 float dot_q4_0_fast_avx512(const block_q4_0 *w, const block_q8_0 *x, int n);
 void gemv_q4_0_fast_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
-/* the same bits, prefetching the next pass into L1 as one stream (AMD Zen: kernels_fast_avx512.c) */
-void gemv_q4_0_fast_amd_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
-                               int n);
+/* the same bits, prefetching the next pass into L1 as one stream (AMD Zen 5: kernels_fast_avx512.c) */
+void gemv_q4_0_fast_stream_avx512(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows,
+                                  int n);
 void gemv_q8_0_fast_avx512(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n);
 
 /* kernels_exact_avx512.c: quantized dots in llama.cpp's order */
