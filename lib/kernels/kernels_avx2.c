@@ -92,8 +92,58 @@ static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q
                         kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
 }
 
+/* Q8_ROWS rows a pass, each with q8_0_row's arithmetic (so its bits: two
+ * accumulators over alternate blocks, an odd last block into the first), the
+ * activation's blocks loaded once for all of them, and the next pass's rows
+ * asked for as one stream as in the Q4_0 gemv: each step reads a pair of
+ * blocks (68 bytes) of each row and row r prefetches the 68 at r * 68 of the
+ * stream's step. On a Zen 4, one thread from memory: one row at a time, each
+ * prefetching the row two ahead, 37 % of the read; this 61-66 %, each row's
+ * own successor prefetched instead of the stream 63-66 %. */
+#define Q8_ROWS 4
+
+static void q8_rows(const char *const *w, const char *ahead, const block_q8_0 *x, int nb, float *out) {
+    const size_t pair_bytes = 2 * sizeof(block_q8_0);
+    __m256 acc0[Q8_ROWS], acc1[Q8_ROWS];
+    for (int r = 0; r < Q8_ROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m256i x0 = load_q8_0(&x[b]), x1 = load_q8_0(&x[b + 1]);
+        const float xd0 = load_f16(&x[b].d), xd1 = load_f16(&x[b + 1].d);
+        const char *step_ahead = ahead + (size_t)b / 2 * Q8_ROWS * pair_bytes;
+#pragma GCC unroll 4 /* the accumulators stay in registers only if every row is its own code */
+        for (int r = 0; r < Q8_ROWS; r++) {
+            _mm_prefetch(step_ahead + (size_t)r * pair_bytes, _MM_HINT_T1);
+            const block_q8_0 *wr = (const block_q8_0 *)w[r];
+            const __m256 d0 = _mm256_set1_ps(load_f16(&wr[b].d) * xd0);
+            const __m256 d1 = _mm256_set1_ps(load_f16(&wr[b + 1].d) * xd1);
+            acc0[r] = _mm256_fmadd_ps(d0, dot_i8x32(load_q8_0(&wr[b]), x0), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(d1, dot_i8x32(load_q8_0(&wr[b + 1]), x1), acc1[r]);
+        }
+    }
+    if (b < nb) {
+        const __m256i x0 = load_q8_0(&x[b]);
+        const float xd0 = load_f16(&x[b].d);
+        for (int r = 0; r < Q8_ROWS; r++) {
+            const block_q8_0 *wr = (const block_q8_0 *)w[r];
+            const __m256 d0 = _mm256_set1_ps(load_f16(&wr[b].d) * xd0);
+            acc0[r] = _mm256_fmadd_ps(d0, dot_i8x32(load_q8_0(&wr[b]), x0), acc0[r]);
+        }
+    }
+    for (int r = 0; r < Q8_ROWS; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+}
+
 static void gemv_q8_0_avx2(const block_q8_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
-    for (int r = 0; r < nrows; r++)
+    int r = 0;
+    for (; r + Q8_ROWS <= nrows; r += Q8_ROWS) {
+        const char *rows = (const char *)w + (size_t)r * row_stride;
+        /* the last pass asks for its own rows, already on their way */
+        const char *next = r + 2 * Q8_ROWS <= nrows ? rows + (size_t)Q8_ROWS * row_stride : rows;
+        const char *pass[Q8_ROWS];
+        for (int k = 0; k < Q8_ROWS; k++) pass[k] = rows + (size_t)k * row_stride;
+        q8_rows(pass, next, x, n / QK8_0, y + r);
+    }
+    for (; r < nrows; r++)
         y[r] = q8_0_row((const block_q8_0 *)((const char *)w + (size_t)r * row_stride), x, n,
                         kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
 }
