@@ -92,7 +92,7 @@ static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q
                         kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
 }
 
-/* Q8_ROWS rows a pass, each with q8_0_row's arithmetic (so its bits: two
+/* Q8_ROWS rows a pass, each with q8_0_row's arithmetic (its q8_block_step, two
  * accumulators over alternate blocks, an odd last block into the first), the
  * activation's blocks loaded once for all of them, and the next pass's rows
  * asked for as one stream as in the Q4_0 gemv: each step reads a pair of
@@ -115,20 +115,15 @@ static void q8_rows(const char *const *w, const char *ahead, const block_q8_0 *x
         for (int r = 0; r < Q8_ROWS; r++) {
             _mm_prefetch(step_ahead + (size_t)r * pair_bytes, _MM_HINT_T1);
             const block_q8_0 *wr = (const block_q8_0 *)w[r];
-            const __m256 d0 = _mm256_set1_ps(load_f16(&wr[b].d) * xd0);
-            const __m256 d1 = _mm256_set1_ps(load_f16(&wr[b + 1].d) * xd1);
-            acc0[r] = _mm256_fmadd_ps(d0, dot_i8x32(load_q8_0(&wr[b]), x0), acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(d1, dot_i8x32(load_q8_0(&wr[b + 1]), x1), acc1[r]);
+            acc0[r] = q8_block_step(acc0[r], &wr[b], x0, xd0);
+            acc1[r] = q8_block_step(acc1[r], &wr[b + 1], x1, xd1);
         }
     }
     if (b < nb) {
         const __m256i x0 = load_q8_0(&x[b]);
         const float xd0 = load_f16(&x[b].d);
-        for (int r = 0; r < Q8_ROWS; r++) {
-            const block_q8_0 *wr = (const block_q8_0 *)w[r];
-            const __m256 d0 = _mm256_set1_ps(load_f16(&wr[b].d) * xd0);
-            acc0[r] = _mm256_fmadd_ps(d0, dot_i8x32(load_q8_0(&wr[b]), x0), acc0[r]);
-        }
+#pragma GCC unroll 4
+        for (int r = 0; r < Q8_ROWS; r++) acc0[r] = q8_block_step(acc0[r], (const block_q8_0 *)w[r] + b, x0, xd0);
     }
     for (int r = 0; r < Q8_ROWS; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
 }

@@ -101,6 +101,14 @@ ROW_INLINE __m256 dot_i8x32(__m256i a, __m256i b) {
 
 ROW_INLINE __m256i load_q8_0(const block_q8_0 *blk) { return _mm256_loadu_si256((const __m256i *)blk->qs); }
 
+/* acc + one Q8_0 block of a row against the activation block's values xq
+ * and scale xd: the step of q8_0_row and of the gemv's rows (kernels_avx2.c),
+ * so that both give the same bits */
+ROW_INLINE __m256 q8_block_step(__m256 acc, const block_q8_0 *w, __m256i xq, float xd) {
+    const __m256 d = _mm256_set1_ps(load_f16(&w->d) * xd);
+    return _mm256_fmadd_ps(d, dot_i8x32(load_q8_0(w), xq), acc);
+}
+
 /* Q8_0 rows against a Q8_0 activation: two accumulators over alternate
  * blocks, an odd last block into the first */
 ROW_INLINE float q8_0_row(const block_q8_0 *w, const block_q8_0 *x, int n, const char *next) {
@@ -109,15 +117,10 @@ ROW_INLINE float q8_0_row(const block_q8_0 *w, const block_q8_0 *x, int n, const
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
         prefetch_l2_step(next, (size_t)b * sizeof(block_q8_0), 2 * sizeof(block_q8_0));
-        const __m256 d0 = _mm256_set1_ps(load_f16(&w[b].d) * load_f16(&x[b].d));
-        const __m256 d1 = _mm256_set1_ps(load_f16(&w[b + 1].d) * load_f16(&x[b + 1].d));
-        acc0 = _mm256_fmadd_ps(d0, dot_i8x32(load_q8_0(&w[b]), load_q8_0(&x[b])), acc0);
-        acc1 = _mm256_fmadd_ps(d1, dot_i8x32(load_q8_0(&w[b + 1]), load_q8_0(&x[b + 1])), acc1);
+        acc0 = q8_block_step(acc0, &w[b], load_q8_0(&x[b]), load_f16(&x[b].d));
+        acc1 = q8_block_step(acc1, &w[b + 1], load_q8_0(&x[b + 1]), load_f16(&x[b + 1].d));
     }
-    if (b < nb) {
-        const __m256 d = _mm256_set1_ps(load_f16(&w[b].d) * load_f16(&x[b].d));
-        acc0 = _mm256_fmadd_ps(d, dot_i8x32(load_q8_0(&w[b]), load_q8_0(&x[b])), acc0);
-    }
+    if (b < nb) acc0 = q8_block_step(acc0, &w[b], load_q8_0(&x[b]), load_f16(&x[b].d));
     return hsum256(_mm256_add_ps(acc0, acc1));
 }
 
