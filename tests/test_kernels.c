@@ -283,7 +283,9 @@ static void test_gemv_type(const kernels *k, enum ggml_type type) {
     const char *what = q4 ? "gemv_q4_0" : "gemv_q8_0";
     const size_t block = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     const int row_counts[] = {1, 3, 17, 40, 70}; /* 70: more than one row group of a multi-chunk matrix */
-    const int nbs[] = {1, 3, 5, 127, 129, 300, 600}; /* 600: more than one activation chunk */
+    /* 511: the avx2 Q4_0 gemv's whole table of regrouped pairs, its last pair single; 600: more than
+     * one activation chunk, and past that table */
+    const int nbs[] = {1, 3, 5, 127, 129, 300, 511, 600};
     for (int ri = 0; ri < COUNT(row_counts); ri++) {
         for (int bi = 0; bi < COUNT(nbs); bi++) {
             const int nrows = row_counts[ri], nb = nbs[bi], n = nb * 32;

@@ -72,8 +72,12 @@ static float dot_q4_0_avx2(const block_q4_0 *w, const block_q8_0 *x, int n) { re
  * only: a hint, never a result), row r the 36 at r * 36. On the Intel Xeon,
  * 2 MiB pages, one thread reading 18.3 GB/s, from memory: a row's own line
  * ahead 13.4-14.2 GB/s, the stream 14.6-15.3; in cache 22 either way (blocks
- * one at a time, four rows a pass: 13.6 in cache, 11.0 from memory). */
-static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+ * one at a time, four rows a pass: 13.6 in cache, 11.0 from memory). The
+ * activation's pairs come from a table filled once a call (kernels_avx2.h:
+ * q4_xpairs_fill) unless there are fewer than Q4_ROWS rows or the row is too
+ * long for it. */
+ROW_INLINE void gemv_q4_0_passes(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x,
+                                 const q4_xpair *xpairs, float *y, int nrows, int n) {
     const size_t pair_bytes = 2 * sizeof(block_q4_0);
     int r = 0;
     for (; r + Q4_ROWS <= nrows; r += Q4_ROWS) {
@@ -85,11 +89,19 @@ static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q
             pass[k] = rows + (size_t)k * row_stride;
             ahead[k] = next + (size_t)k * pair_bytes;
         }
-        q4_rows(pass, ahead, Q4_ROWS * pair_bytes, x, n / QK4_0, y + r);
+        q4_rows(pass, ahead, Q4_ROWS * pair_bytes, x, xpairs, n / QK4_0, y + r);
     }
     for (; r < nrows; r++)
         y[r] = q4_0_row((const block_q4_0 *)((const char *)w + (size_t)r * row_stride), x, n,
                         kernels_row_or_null(w, row_stride, nrows, r + GEMV_AHEAD));
+}
+
+static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
+    q4_xpair xpairs[Q4_XPAIRS_MAX];
+    if (nrows >= Q4_ROWS && q4_xpairs_fill(xpairs, x, n / QK4_0))
+        gemv_q4_0_passes(w, row_stride, x, xpairs, y, nrows, n);
+    else
+        gemv_q4_0_passes(w, row_stride, x, NULL, y, nrows, n);
 }
 
 /* Q8_ROWS rows a pass, each with q8_0_row's arithmetic (its q8_block_step, two

@@ -1,7 +1,7 @@
 /* AVX2 + FMA + F16C sparse kernels; reached only through the avx2 kernel set
  * after the CPU check. Dots are kernels_avx2.c's rows (kernels_avx2.h), one
  * row at a time but for Q4_0, whose activation-side work (the regrouped
- * block pairs) is shared by four rows a pass; axpy follows the scalar
+ * block pairs) is done once a call and shared by four rows a pass; axpy follows the scalar
  * definition exactly.
  *
  * The weights are a gather of scattered rows, which the hardware prefetcher
@@ -44,9 +44,10 @@ ROW_BY_ROW(f32, float, float)
 ROW_BY_ROW(f16, uint16_t, uint16_t)
 ROW_BY_ROW(q8_0, block_q8_0, block_q8_0)
 
-/* Q4_0: Q4_ROWS rows a pass (q4_rows, the dense dot's bits), each
+/* Q4_0: Q4_ROWS rows a pass (q4_rows, the dense dot's bits) over the
+ * activation's pairs regrouped once (xpairs, NULL: in every pass), each row
  * prefetching the row a pass later; the last len % Q4_ROWS one at a time */
-static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
+ROW_INLINE void dot_seq_q4_0_passes(const row_seq *s, const block_q8_0 *x, const q4_xpair *xpairs, int n) {
     const int len = row_seq_len(s);
     int i = 0;
     for (; i + Q4_ROWS <= len; i += Q4_ROWS) {
@@ -57,11 +58,19 @@ static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
             const char *later = row_seq_ahead(s, i + r, Q4_ROWS);
             ahead[r] = (later ? later : rows[r]) + 2 * sizeof(block_q4_0) - 1;
         }
-        q4_rows(rows, ahead, 2 * sizeof(block_q4_0), x, n / QK4_0, out);
+        q4_rows(rows, ahead, 2 * sizeof(block_q4_0), x, xpairs, n / QK4_0, out);
         for (int r = 0; r < Q4_ROWS; r++) *row_seq_out(s, i + r) = out[r];
     }
     for (; i < len; i++)
         *row_seq_out(s, i) = q4_0_row((const block_q4_0 *)row_seq_row(s, i), x, n, row_seq_ahead(s, i, 1));
+}
+
+static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
+    q4_xpair xpairs[Q4_XPAIRS_MAX];
+    if (row_seq_len(s) >= Q4_ROWS && q4_xpairs_fill(xpairs, x, n / QK4_0))
+        dot_seq_q4_0_passes(s, x, xpairs, n);
+    else
+        dot_seq_q4_0_passes(s, x, NULL, n);
 }
 
 GATHER_DOTS(f32)
