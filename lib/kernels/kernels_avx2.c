@@ -98,7 +98,7 @@ ROW_INLINE void gemv_q4_0_passes(const block_q4_0 *w, size_t row_stride, const b
 
 static void gemv_q4_0_avx2(const block_q4_0 *w, size_t row_stride, const block_q8_0 *x, float *y, int nrows, int n) {
     q4_xpair xpairs[Q4_XPAIRS_MAX];
-    if (nrows >= Q4_ROWS && q4_xpairs_fill(xpairs, x, n / QK4_0))
+    if (q4_xpairs_fill(xpairs, x, n / QK4_0, nrows))
         gemv_q4_0_passes(w, row_stride, x, xpairs, y, nrows, n);
     else
         gemv_q4_0_passes(w, row_stride, x, NULL, y, nrows, n);

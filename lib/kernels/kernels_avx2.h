@@ -182,17 +182,22 @@ ROW_INLINE __m256 q4_pair_step(__m256 acc, const block_q4_0 *w, const q4_xpair *
     return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
 }
 
+/* Q4_ROWS rows are read a pass (q4_rows below). */
+#define Q4_ROWS 4
+
 /* The activation's pairs regrouped once for every row of a call: the
- * gemv and the gathers fill xpairs[p] for pair p (q4_xpairs_fill) when the
- * row has at most Q4_XPAIRS_MAX pairs (16384 columns, 32 KiB on the
- * stack), and q4_rows loads them; longer rows are regrouped pair by pair
- * in every pass. The same values either way, so the same bits. On a Zen 4
- * with this set forced, the gemv in cache: 22.2-22.8 GB/s regrouped in
- * every pass, 23.4-25.4 from the table. */
+ * gemv and the gathers fill xpairs[p] for pair p (q4_xpairs_fill) when at
+ * least one pass of Q4_ROWS rows will read them and the row has at most
+ * Q4_XPAIRS_MAX pairs (16384 columns, 32 KiB on the stack), and q4_rows
+ * loads them; otherwise each pass regroups them as it goes. The same values
+ * either way, so the same bits. On a Zen 4 with this set forced, the gemv
+ * in cache: 22.2-23.0 GB/s regrouped in every pass, 23.4-25.4 from the
+ * table. */
 #define Q4_XPAIRS_MAX 256
 
-ROW_INLINE bool q4_xpairs_fill(q4_xpair *xpairs, const block_q8_0 *x, int nb) {
-    if ((nb + 1) / 2 > Q4_XPAIRS_MAX) return false;
+/* false (nothing filled) when the table does not pay or does not fit */
+ROW_INLINE bool q4_xpairs_fill(q4_xpair *xpairs, const block_q8_0 *x, int nb, int rows) {
+    if (rows < Q4_ROWS || (nb + 1) / 2 > Q4_XPAIRS_MAX) return false;
     for (int b = 0; b < nb; b += 2) xpairs[b / 2] = q4_xpair_at(&x[b], b + 1 == nb);
     return true;
 }
@@ -202,7 +207,6 @@ ROW_INLINE bool q4_xpairs_fill(q4_xpair *xpairs, const block_q8_0 *x, int nb) {
  * p * ahead_step for pair p: a gather passes each row's successor a pass
  * later and 36 (the step's last byte always lies in the line it enters),
  * the dense gemv the next pass's rows as one stream (kernels_avx2.c). */
-#define Q4_ROWS 4
 
 /* xpairs: x's pairs from q4_xpairs_fill, or NULL to regroup each here */
 ROW_INLINE void q4_rows_step(const char *const *w, const char *const *ahead, size_t ahead_step,

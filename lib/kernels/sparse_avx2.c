@@ -1,8 +1,8 @@
 /* AVX2 + FMA + F16C sparse kernels; reached only through the avx2 kernel set
  * after the CPU check. Dots are kernels_avx2.c's rows (kernels_avx2.h), one
  * row at a time but for Q4_0, whose activation-side work (the regrouped
- * block pairs) is done once a call and shared by four rows a pass; axpy follows the scalar
- * definition exactly.
+ * block pairs) is done once a call and shared by four rows a pass; axpy
+ * follows the scalar definition exactly.
  *
  * The weights are a gather of scattered rows, which the hardware prefetcher
  * cannot guess, so each kernel prefetches into L2, at the offset it is
@@ -67,7 +67,7 @@ ROW_INLINE void dot_seq_q4_0_passes(const row_seq *s, const block_q8_0 *x, const
 
 static void dot_seq_q4_0(const row_seq *s, const block_q8_0 *x, int n) {
     q4_xpair xpairs[Q4_XPAIRS_MAX];
-    if (row_seq_len(s) >= Q4_ROWS && q4_xpairs_fill(xpairs, x, n / QK4_0))
+    if (q4_xpairs_fill(xpairs, x, n / QK4_0, row_seq_len(s)))
         dot_seq_q4_0_passes(s, x, xpairs, n);
     else
         dot_seq_q4_0_passes(s, x, NULL, n);
