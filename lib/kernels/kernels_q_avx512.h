@@ -223,13 +223,14 @@ enum { Q4_GATHER_ROWS = 8 };
 /* `rows` rows' chunks (rows <= Q4_GATHER_ROWS, a constant once inlined) of
  * cb blocks against activation x (its quads prepared in quads) into sum[],
  * ahead[r] the lines to prefetch as w[r]'s are consumed, moving ahead_step
- * bytes a step of two quads (2 * 72: the same offsets as w[r]'s). Each row
+ * bytes a step of two quads (2 * 72: the same offsets as w[r]'s), and far
+ * bytes past those the same lines into L2 (0: none). Each row
  * keeps q4_row_chunk's accumulators and summation order,
  * so gives its bits (tests/test_sparse_kernels.c, tests/test_kernels.c); their quads are
  * interleaved and each activation quad is loaded once for all of them. */
 QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xquad *quads, const block_q8_0 *x,
                                int cb, const char *const *ahead, size_t ahead_step, float *sum,
-                               prefetch_level level) {
+                               prefetch_level level, size_t far) {
     const int nquads = cb / 4;
     __m512 acc0[Q4_GATHER_ROWS], acc1[Q4_GATHER_ROWS];
 #pragma GCC unroll Q4_GATHER_ROWS
@@ -243,6 +244,11 @@ QROW_INLINE void q4_rows_chunk(const block_q4_0 *const *w, int rows, const q4_xq
             prefetch_to(pf, level);
             prefetch_to(pf + 64, level);
             prefetch_to(pf + 128, level);
+            if (far) { /* a second stream further ahead, into L2 */
+                prefetch_l2(pf + far);
+                prefetch_l2(pf + far + 64);
+                prefetch_l2(pf + far + 128);
+            }
             acc0[r] = q4_quad(acc0[r], w[r] + 4 * k, q0);
             acc1[r] = q4_quad(acc1[r], w[r] + 4 * k + 4, q1);
         }
@@ -283,13 +289,22 @@ __attribute__((returns_nonnull)) static inline const char *gather_ahead(const ro
  * accumulators and a step's two quads still fit the 32 registers. The dense
  * gemv (kernels_fast_avx512.c) runs it over consecutive rows, fewer a pass. */
 
+/* The stream's second prefetch distance, past the next pass: on the Zen 5,
+ * kernel-bench -k avx512 -m 1024, two threads at once, two runs each in
+ * turns, 52.7-53.6 GB/s against 45.6-49.9 without it (8 KiB 51.8-54.7,
+ * 32 KiB 34.7-49.8); one thread within the noise (72-81 % of its read). In
+ * the stack (bench/ab-stacks, both orders) dense 5-8 % faster, predictor
+ * -2 to +5 %. */
+#define Q4_STREAM_FAR_BYTES 16384
+
 /* per chunk, the activation quads are prepared once for all the rows; the
  * rows go `pass` at a time (at most Q4_GATHER_ROWS, a constant once inlined),
  * the last len % pass one by one. Each row prefetches the row a pass further
  * at the offsets it reads; or, with `stream` where the rows are consecutive,
  * unpadded and one chunk long (so the next pass's rows lie right after
  * this pass's), the pass prefetches the next pass's rows as one stream,
- * each step the next pass * 144 bytes of it (kernels_fast_avx512.c). */
+ * each step the next pass * 144 bytes of it, and the same lines
+ * Q4_STREAM_FAR_BYTES further into L2 (kernels_fast_avx512.c). */
 QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int pass, prefetch_level level,
                                bool stream) {
     const int nb = n / QK4_0, len = row_seq_len(s);
@@ -311,7 +326,8 @@ QROW_INLINE void dot_rows_q4_0(const row_seq *s, const block_q8_0 *x, int n, int
                 ahead[r] = as_stream ? gather_ahead(s, i, pass) + r * step_bytes
                                      : gather_ahead(s, i + r, pass) + chunk_off;
             }
-            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, as_stream ? pass * step_bytes : step_bytes, sum, level);
+            q4_rows_chunk(w, pass, quads, x + b0, cb, ahead, as_stream ? pass * step_bytes : step_bytes, sum, level,
+                          as_stream ? Q4_STREAM_FAR_BYTES : 0);
             for (int r = 0; r < pass; r++) {
                 float *out = row_seq_out(s, i + r);
                 *out = b0 == 0 ? sum[r] : *out + sum[r];
